@@ -1,0 +1,34 @@
+import os
+
+# No hub, no telemetry, no cloud probes: set before anything imports transformers, trl, axolotl or ray,
+# and inherited by the notebook kernels and ranks the tests start.
+for key, value in {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "AXOLOTL_DO_NOT_TRACK": "1",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "DO_NOT_TRACK": "1",
+    "MPLBACKEND": "Agg",
+    "TOKENIZERS_PARALLELISM": "false",
+}.items():
+    os.environ.setdefault(key, value)
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def standin(tmp_path_factory):
+    """standin(NAME) -> folder of a tiny offline stand-in model (built once per test session)."""
+    root = tmp_path_factory.mktemp("standins")
+    built = {}
+
+    def build(name: str):
+        if name not in built:
+            from nbhelpers import standins
+
+            built[name] = standins.make(name, size="tiny", out=root / name)
+        return built[name]
+
+    return build

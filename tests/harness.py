@@ -1,0 +1,100 @@
+"""Runs a notebook case with papermill and returns its metrics (see notebook_cases.py)."""
+from __future__ import annotations
+
+import json
+import operator
+import re
+from pathlib import Path
+
+import nbformat
+import papermill
+
+REPO = Path(__file__).resolve().parents[1]
+OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne}
+
+
+class UnknownParameterError(ValueError):
+    pass
+
+
+def declared_parameters(notebook: Path) -> dict:
+    return papermill.inspect_notebook(str(notebook))
+
+
+def fill(value, output_dir: Path, standin):
+    """Replace the {placeholders} of notebook_cases.py in a parameter value."""
+    if not isinstance(value, str):
+        return value
+
+    def sub(match):
+        key = match.group(1)
+        if key == "output_dir":
+            return str(output_dir)
+        if key == "repo":
+            return str(REPO)
+        if key == "data":
+            return str(REPO / "data")
+        if key.startswith("standin:"):
+            return str(standin(key.split(":", 1)[1]))
+        raise KeyError(f"unknown placeholder {{{key}}} in a notebook case")
+
+    return re.sub(r"\{([a-z_]+(?::[A-Za-z0-9_.\-]+)?)\}", sub, value)
+
+
+def run_notebook(case, workdir: Path, standin=None):
+    """Execute `case.notebook` into `workdir`; return (metrics dict, executed notebook)."""
+    notebook = REPO / case.notebook
+    declared = declared_parameters(notebook)
+    unknown = sorted(set(case.parameters) - set(declared))
+    if unknown:
+        raise UnknownParameterError(
+            f"{case.notebook} has no parameter(s) {unknown}; its parameters cell declares {sorted(declared)}"
+        )
+    output_dir = workdir / "output"
+    parameters = {k: fill(v, output_dir, standin) for k, v in case.parameters.items()}
+    executed = workdir / Path(case.notebook).name
+    papermill.execute_notebook(
+        str(notebook),
+        str(executed),
+        parameters=parameters,
+        cwd=str(notebook.parent),
+        execution_timeout=case.timeout,
+        kernel_name="python3",
+        progress_bar=False,
+    )
+    metrics = json.loads((output_dir / "metrics.json").read_text())
+    return metrics, nbformat.read(executed, as_version=4)
+
+
+def lookup(metrics: dict, dotted: str):
+    value = metrics
+    for part in dotted.split("."):
+        value = value[part]
+    return value
+
+
+def check_expectations(case, metrics: dict) -> list[str]:
+    """The expectations of `case` that `metrics` does not meet, as readable lines."""
+    failures = []
+    for name, (op, bound) in case.expect.items():
+        actual = lookup(metrics, name)
+        if isinstance(bound, tuple):
+            other, factor = bound
+            bound = factor * lookup(metrics, other)
+        if not OPS[op](actual, bound):
+            failures.append(f"{name} = {actual!r}, expected {op} {bound!r}")
+    return failures
+
+
+def output_text(nb) -> str:
+    """All stream and text outputs of an executed notebook, joined."""
+    parts = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream":
+                parts.append(out.get("text", ""))
+            elif "data" in out and "text/plain" in out["data"]:
+                parts.append(out["data"]["text/plain"])
+            elif out.get("output_type") == "error":
+                parts.append("\n".join(out.get("traceback", [])))
+    return "".join(parts)
