@@ -1,5 +1,5 @@
 """Helpers for the multi-GPU training cookbook: run a notebook function on every GPU of the node."""
-from nbhelpers.distributed import DistributedError, distributed
+from nbhelpers.launcher import DistributedError, distributed
 from nbhelpers.runtime import backend, device, get_local_rank, get_rank, get_world_size, is_main_process, print0
 
 __all__ = [

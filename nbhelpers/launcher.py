@@ -226,6 +226,7 @@ def _torchrun_environment(rank: int, world_size: int, port: int, run_id: str) ->
         "TORCHELASTIC_RESTART_COUNT": "0",
         "TORCHELASTIC_MAX_RESTARTS": "0",
         "PYTHONUNBUFFERED": "1",
+        "NBHELPERS_LAUNCH_ID": run_id,  # inherited by all a rank starts: how leftovers are found
     }
 
 
@@ -240,6 +241,7 @@ def _single_process_environment():
     was_initialized = dist.is_available() and dist.is_initialized()
     added = _torchrun_environment(0, 1, _free_port(), run_id=f"local-{os.getpid()}")
     added.pop("PYTHONUNBUFFERED")
+    added.pop("NBHELPERS_LAUNCH_ID")
     os.environ.update(added)
     try:
         yield
@@ -295,7 +297,7 @@ class _Launch:
     # -- start ----------------------------------------------------------------------------------
     def _start(self, ctx, tmp):
         port = _free_port()
-        run_id = f"nbhelpers-{os.getpid()}-{port}"
+        run_id = self.run_id = f"nbhelpers-{os.getpid()}-{port}-{time.time_ns()}"
         threads = max(1, (os.cpu_count() or 1) // self.world_size)
         for rank in range(self.world_size):
             out_r, out_w = ctx.Pipe(duplex=False)
@@ -445,14 +447,21 @@ class _Launch:
         """SIGTERM every rank's process group and every descendant, SIGKILL what remains."""
         import psutil
 
-        procs = []
+        procs = {}
         for r in self.ranks:
             pid = r.process.pid
             if pid is None:
                 continue
             with contextlib.suppress(psutil.Error):
                 parent = psutil.Process(pid)
-                procs += [parent, *parent.children(recursive=True)]
+                procs.update((p.pid, p) for p in [parent, *parent.children(recursive=True)])
+        # Processes whose rank already died (re-parented away) or that left the rank's session still
+        # carry the launch id in their environment.
+        for p in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                if p.pid not in procs and p.environ().get("NBHELPERS_LAUNCH_ID") == self.run_id:
+                    procs[p.pid] = p
+        procs = list(procs.values())
         for sig in (signal.SIGTERM, signal.SIGKILL):
             for r in self.ranks:
                 if r.process.pid is not None:

@@ -1,0 +1,15 @@
+"""nbval (lax) opens the getting-started notebook and runs it cell by cell, as a user would."""
+import subprocess
+import sys
+
+from harness import REPO
+
+
+def test_getting_started_runs_cell_by_cell_under_nbval(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--nbval-lax", "-q", "-p", "no:cacheprovider",
+         "--rootdir", str(tmp_path), str(REPO / "notebooks" / "00_getting_started.ipynb")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout and "failed" not in result.stdout
