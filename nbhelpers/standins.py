@@ -1,0 +1,555 @@
+"""Offline stand-ins for the cookbook's models: the real architecture class, random weights, a small tokenizer.
+
+No machine of this project reaches a model hub, yet notebooks and recipes must run their real loading
+code (`AutoModelForCausalLM.from_pretrained(model_name)`). A stand-in is a folder that loads exactly
+like the hub model: same transformers class and config fields, the family's special tokens and chat
+template, but random weights and a byte-level BPE trained on data/ (see data/make_tokenizer.py).
+
+    from nbhelpers import standins
+    path = standins.make("llama-3.2-1b", size="tiny", out="/tmp/llama")     # a few MB, seconds
+    standins.make("gpt-oss-20b", size="full", out="/data/gpt-oss-20b", weights=True)   # on the GPU box
+    model = standins.build("gpt-oss-120b", size="full")                     # on the meta device: no memory
+
+    python -m nbhelpers.standins make llama-3.2-1b --size tiny --out /tmp/llama
+    python -m nbhelpers.standins table                                      # parameter counts
+
+Sizes: `tiny` keeps every special feature of the architecture (MoE experts, sliding/full layer types,
+attention sinks, rope scaling, qk-norm, tied or untied embeddings) at a width of 64, and its vocabulary
+is exactly the tokenizer's. `full` has the published dimensions and vocabulary size; the tokenizer stays
+small, so ids above len(tokenizer) are simply never used (real checkpoints pad their vocabularies the
+same way), and the config's special-token ids are the stand-in tokenizer's, not the hub ones.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+BASE_TOKENIZER = Path(__file__).resolve().parent / "standin_tokenizer.json"
+
+
+# --------------------------------------------------------------------------------------------------
+# Chat templates. Rendered by transformers with trim_blocks/lstrip_blocks: every tag strips the
+# whitespace before it, so only what the expressions print reaches the output ('\n' for newlines).
+# `{% generation %}` marks what the assistant writes after the generation prompt (its content and the
+# end-of-turn token), which `return_assistant_tokens_mask=True` and TRL's assistant-only loss use.
+# --------------------------------------------------------------------------------------------------
+LLAMA3_TEMPLATE = r"""
+{{- bos_token }}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content'] | trim %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = '' %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+{%- if date_string is not defined %}
+    {%- set date_string = '26 Jul 2024' %}
+{%- endif %}
+{{- '<|start_header_id|>system<|end_header_id|>\n\n' }}
+{{- 'Cutting Knowledge Date: December 2023\nToday Date: ' + date_string + '\n\n' }}
+{{- system_message + '<|eot_id|>' }}
+{%- for message in loop_messages %}
+    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' }}
+    {%- if message['role'] == 'assistant' %}
+        {%- generation %}
+        {{- message['content'] | trim + '<|eot_id|>' }}
+        {%- endgeneration %}
+    {%- else %}
+        {{- message['content'] | trim + '<|eot_id|>' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- endif %}
+"""
+
+# OpenAI harmony: a system header, the caller's system/developer message as developer instructions,
+# and assistant turns on channels. A message's `thinking` (as in HuggingFaceH4/Multilingual-Thinking)
+# goes to the analysis channel, for assistant turns after the last user turn only (the real template
+# drops earlier reasoning too); the final turn of a training conversation ends with <|return|>.
+GPT_OSS_TEMPLATE = r"""
+{%- if reasoning_effort is not defined %}
+    {%- set reasoning_effort = 'medium' %}
+{%- endif %}
+{%- if messages[0]['role'] in ['system', 'developer'] %}
+    {%- set developer_message = messages[0]['content'] %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set developer_message = '' %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+{{- '<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n' }}
+{{- 'Knowledge cutoff: 2024-06\nCurrent date: 2025-06-28\n\nReasoning: ' + reasoning_effort + '\n\n' }}
+{{- '# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|>' }}
+{%- if developer_message %}
+    {{- '<|start|>developer<|message|># Instructions\n\n' + developer_message + '\n\n<|end|>' }}
+{%- endif %}
+{%- set ns = namespace(last_user=-1) %}
+{%- for message in loop_messages %}
+    {%- if message['role'] == 'user' %}
+        {%- set ns.last_user = loop.index0 %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in loop_messages %}
+    {%- if message['role'] == 'assistant' %}
+        {{- '<|start|>assistant' }}
+        {%- generation %}
+        {%- if message.thinking and loop.index0 > ns.last_user %}
+            {{- '<|channel|>analysis<|message|>' + message.thinking + '<|end|><|start|>assistant' }}
+        {%- endif %}
+        {{- '<|channel|>final<|message|>' + message['content'] }}
+        {%- if loop.last and not add_generation_prompt %}
+            {{- '<|return|>' }}
+        {%- else %}
+            {{- '<|end|>' }}
+        {%- endif %}
+        {%- endgeneration %}
+    {%- else %}
+        {{- '<|start|>' + message['role'] + '<|message|>' + message['content'] + '<|end|>' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start|>assistant' }}
+{%- endif %}
+"""
+
+QWEN2_TEMPLATE = r"""
+{%- if messages[0]['role'] == 'system' %}
+    {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}
+    {%- set loop_messages = messages %}
+{%- endif %}
+{%- for message in loop_messages %}
+    {{- '<|im_start|>' + message['role'] + '\n' }}
+    {%- if message['role'] == 'assistant' %}
+        {%- generation %}
+        {{- message['content'] + '<|im_end|>' }}
+        {%- endgeneration %}
+    {%- else %}
+        {{- message['content'] + '<|im_end|>' }}
+    {%- endif %}
+    {{- '\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+"""
+
+# Qwen3: reasoning from `reasoning_content` (or a <think> block inside the content) is rendered for
+# assistant turns after the last user turn; the last assistant turn always gets a <think> block (empty
+# without reasoning), which is what `enable_thinking=False` puts in the generation prompt.
+QWEN3_TEMPLATE = r"""
+{%- if messages[0]['role'] == 'system' %}
+    {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+{%- set ns = namespace(last_query=-1) %}
+{%- for message in loop_messages %}
+    {%- if message['role'] == 'user' %}
+        {%- set ns.last_query = loop.index0 %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in loop_messages %}
+    {%- if message['role'] == 'assistant' %}
+        {%- set content = message['content'] %}
+        {%- set reasoning = '' %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning = message.reasoning_content %}
+        {%- elif '</think>' in content %}
+            {%- set reasoning = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+            {%- set content = content.split('</think>')[-1].lstrip('\n') %}
+        {%- endif %}
+        {{- '<|im_start|>assistant\n' }}
+        {%- generation %}
+        {%- if loop.index0 > ns.last_query and (loop.last or reasoning) %}
+            {{- '<think>\n' + reasoning.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}
+        {%- else %}
+            {{- content }}
+        {%- endif %}
+        {{- '<|im_end|>' }}
+        {%- endgeneration %}
+        {{- '\n' }}
+    {%- else %}
+        {{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\n\n</think>\n\n' }}
+    {%- endif %}
+{%- endif %}
+"""
+
+# Olmo 3 Instruct: ChatML, with its default function-calling system prompt when none is given.
+OLMO3_TEMPLATE = r"""
+{%- if messages[0]['role'] != 'system' %}
+    {{- '<|im_start|>system\nYou are a helpful function-calling AI assistant. ' }}
+    {{- 'You do not currently have access to any functions. <functions></functions><|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {{- '<|im_start|>' + message['role'] + '\n' }}
+    {%- if message['role'] == 'assistant' %}
+        {%- generation %}
+        {{- message['content'] + '<|im_end|>' }}
+        {%- endgeneration %}
+    {%- else %}
+        {{- message['content'] + '<|im_end|>' }}
+    {%- endif %}
+    {{- '\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+"""
+
+
+@dataclass(frozen=True)
+class Family:
+    special_tokens: tuple  # added as special tokens after the BPE vocabulary, in the real id order
+    chat_template: str
+    added_tokens: tuple = ()  # added, but not special (kept by decode(skip_special_tokens=True))
+    prepend_bos: bool = False  # the tokenizer puts bos_token in front of every encoded text
+
+
+FAMILIES = {
+    "llama3": Family(("<|begin_of_text|>", "<|end_of_text|>", "<|finetune_right_pad_id|>", "<|start_header_id|>",
+                      "<|end_header_id|>", "<|eom_id|>", "<|eot_id|>", "<|python_tag|>"),
+                     LLAMA3_TEMPLATE, prepend_bos=True),
+    "gpt-oss": Family(("<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>", "<|channel|>", "<|start|>",
+                       "<|end|>", "<|message|>", "<|call|>"), GPT_OSS_TEMPLATE),
+    "qwen2": Family(("<|endoftext|>", "<|im_start|>", "<|im_end|>"), QWEN2_TEMPLATE,
+                    added_tokens=("<tool_call>", "</tool_call>")),
+    "qwen3": Family(("<|endoftext|>", "<|im_start|>", "<|im_end|>"), QWEN3_TEMPLATE,
+                    added_tokens=("<tool_call>", "</tool_call>", "<think>", "</think>")),
+    "olmo3": Family(("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"), OLMO3_TEMPLATE),
+}
+
+
+@dataclass(frozen=True)
+class Arch:
+    config_class: str  # a transformers config class name
+    family: str  # key of FAMILIES
+    hub_id: str  # what the stand-in stands in for
+    published_parameters: float  # as the model card / release states it
+    bos: str | None  # the tokenizer's bos/eos/pad tokens, as the hub tokenizer sets them
+    eos: str
+    pad: str | None
+    generation_eos: tuple  # generation_config.eos_token_id (every token that ends a reply)
+    full: dict  # published config fields
+    tiny: dict  # the same fields at toy size (vocab_size is the tokenizer's)
+
+
+LLAMA3_TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=16, max_position_embeddings=131072, rms_norm_eps=1e-5)
+
+
+def _llama3_rope(factor: float) -> dict:
+    return {"rope_type": "llama3", "rope_theta": 500000.0, "factor": factor, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+GPT_OSS_ROPE = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                "truncate": False, "original_max_position_embeddings": 4096}
+GPT_OSS_FULL = dict(hidden_size=2880, intermediate_size=2880, head_dim=64, num_attention_heads=64,
+                    num_key_value_heads=8, num_experts_per_tok=4, sliding_window=128, vocab_size=201088,
+                    max_position_embeddings=131072, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                    rope_parameters=GPT_OSS_ROPE)
+GPT_OSS_TINY = dict(hidden_size=64, intermediate_size=64, head_dim=16, num_attention_heads=4, num_key_value_heads=2,
+                    num_hidden_layers=2, num_local_experts=4, num_experts_per_tok=2, sliding_window=16,
+                    max_position_embeddings=131072, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                    rope_parameters=GPT_OSS_ROPE)
+GPT_OSS_TOKENS = dict(bos="<|startoftext|>", eos="<|return|>", pad="<|endoftext|>",
+                      generation_eos=("<|return|>", "<|endoftext|>", "<|call|>"))
+QWEN3_TOKENS = dict(bos=None, eos="<|im_end|>", pad="<|endoftext|>", generation_eos=("<|im_end|>", "<|endoftext|>"))
+QWEN3_TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, max_position_embeddings=40960, rms_norm_eps=1e-6,
+                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+
+ARCHS = {
+    "gpt-oss-20b": Arch("GptOssConfig", "gpt-oss", "openai/gpt-oss-20b", 20.91e9, **GPT_OSS_TOKENS,
+                        full=dict(GPT_OSS_FULL, num_hidden_layers=24, num_local_experts=32), tiny=GPT_OSS_TINY),
+    "gpt-oss-120b": Arch("GptOssConfig", "gpt-oss", "openai/gpt-oss-120b", 116.83e9, **GPT_OSS_TOKENS,
+                         full=dict(GPT_OSS_FULL, num_hidden_layers=36, num_local_experts=128), tiny=GPT_OSS_TINY),
+    "llama-3.2-1b": Arch(
+        "LlamaConfig", "llama3", "meta-llama/Llama-3.2-1B-Instruct", 1.23e9,
+        bos="<|begin_of_text|>", eos="<|eot_id|>", pad=None,
+        generation_eos=("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"),
+        full=dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                  num_key_value_heads=8, head_dim=64, vocab_size=128256, max_position_embeddings=131072,
+                  rms_norm_eps=1e-5, tie_word_embeddings=True, rope_parameters=_llama3_rope(32.0)),
+        tiny=dict(LLAMA3_TINY, tie_word_embeddings=True, rope_parameters=_llama3_rope(32.0))),
+    "llama-3.2-3b": Arch(
+        "LlamaConfig", "llama3", "unsloth/Llama-3.2-3B-Instruct", 3.21e9,
+        bos="<|begin_of_text|>", eos="<|eot_id|>", pad="<|finetune_right_pad_id|>",
+        generation_eos=("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"),
+        full=dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24,
+                  num_key_value_heads=8, head_dim=128, vocab_size=128256, max_position_embeddings=131072,
+                  rms_norm_eps=1e-5, tie_word_embeddings=True, rope_parameters=_llama3_rope(32.0)),
+        tiny=dict(LLAMA3_TINY, tie_word_embeddings=True, rope_parameters=_llama3_rope(32.0))),
+    "llama-3.1-8b": Arch(
+        "LlamaConfig", "llama3", "meta-llama/Llama-3.1-8B", 8.03e9,
+        bos="<|begin_of_text|>", eos="<|end_of_text|>", pad=None, generation_eos=("<|end_of_text|>",),
+        full=dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                  num_key_value_heads=8, head_dim=128, vocab_size=128256, max_position_embeddings=131072,
+                  rms_norm_eps=1e-5, tie_word_embeddings=False, rope_parameters=_llama3_rope(8.0)),
+        tiny=dict(LLAMA3_TINY, tie_word_embeddings=False, rope_parameters=_llama3_rope(8.0))),
+    "olmo-3-7b": Arch(
+        "Olmo3Config", "olmo3", "allenai/Olmo-3-7B-Instruct-SFT", 7.30e9,
+        bos="<|endoftext|>", eos="<|im_end|>", pad="<|pad|>", generation_eos=("<|im_end|>", "<|endoftext|>"),
+        full=dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                  num_key_value_heads=32, vocab_size=100278, max_position_embeddings=65536, rms_norm_eps=1e-6,
+                  sliding_window=4096, tie_word_embeddings=False,
+                  rope_parameters={
+                      "full_attention": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 8.0,
+                                         "original_max_position_embeddings": 8192, "beta_fast": 32.0,
+                                         "beta_slow": 1.0, "attention_factor": 1.2079441541679836},
+                      "sliding_attention": {"rope_type": "default", "rope_theta": 500000.0}}),
+        # 4 layers: three sliding-window layers and one full-attention layer, as in the real pattern
+        tiny=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=4, max_position_embeddings=65536, rms_norm_eps=1e-6, sliding_window=16,
+                  tie_word_embeddings=False,
+                  rope_parameters={
+                      "full_attention": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 8.0,
+                                         "original_max_position_embeddings": 8192, "beta_fast": 32.0,
+                                         "beta_slow": 1.0, "attention_factor": 1.2079441541679836},
+                      "sliding_attention": {"rope_type": "default", "rope_theta": 500000.0}})),
+    "qwen2.5-3b": Arch(
+        "Qwen2Config", "qwen2", "Qwen/Qwen2.5-3B", 3.09e9,
+        bos=None, eos="<|endoftext|>", pad="<|endoftext|>", generation_eos=("<|endoftext|>",),
+        full=dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
+                  num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rms_norm_eps=1e-6,
+                  tie_word_embeddings=True, use_sliding_window=False, sliding_window=32768, max_window_layers=36,
+                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+        tiny=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                  use_sliding_window=False, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    "qwen3-8b": Arch(
+        "Qwen3Config", "qwen3", "Qwen/Qwen3-8B", 8.2e9, **QWEN3_TOKENS,
+        full=dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                  num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
+                  rms_norm_eps=1e-6, tie_word_embeddings=False,
+                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+        tiny=dict(QWEN3_TINY, tie_word_embeddings=False)),
+    # The Qwen3-family model of the multi-node FSDP2 recipe.
+    "qwen3-0.6b": Arch(
+        "Qwen3Config", "qwen3", "Qwen/Qwen3-0.6B", 0.6e9, **QWEN3_TOKENS,
+        full=dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                  num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
+                  rms_norm_eps=1e-6, tie_word_embeddings=True,
+                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+        tiny=dict(QWEN3_TINY, tie_word_embeddings=True)),
+}
+SIZES = ("tiny", "full")
+
+
+def _arch(arch: str) -> Arch:
+    if arch not in ARCHS:
+        raise ValueError(f"unknown stand-in architecture {arch!r}; choose one of: {', '.join(ARCHS)}")
+    return ARCHS[arch]
+
+
+def tokenizer(arch: str):
+    """The family's tokenizer: the shared byte-level BPE plus the family's special tokens and chat template."""
+    from tokenizers import AddedToken, Tokenizer, processors
+    from transformers import PreTrainedTokenizerFast
+
+    spec = _arch(arch)
+    family = FAMILIES[spec.family]
+    backend = Tokenizer.from_file(str(BASE_TOKENIZER))
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in family.special_tokens])
+    if family.added_tokens:
+        backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in family.added_tokens])
+    if family.prepend_bos:
+        bos_id = backend.token_to_id(spec.bos)
+        backend.post_processor = processors.Sequence([
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(single=f"{spec.bos} $A", pair=f"{spec.bos} $A {spec.bos} $B",
+                                          special_tokens=[(spec.bos, bos_id)]),
+        ])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token=spec.bos, eos_token=spec.eos, pad_token=spec.pad,
+        chat_template=family.chat_template.strip(), model_max_length=spec.full["max_position_embeddings"],
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def config(arch: str, size: str = "tiny", layers: int | None = None):
+    """The transformers config of a stand-in; `layers` overrides the depth (e.g. the most layers that fit)."""
+    import transformers
+
+    spec = _arch(arch)
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {SIZES}, not {size!r}")
+    tok = tokenizer(arch)
+    fields = dict(spec.full if size == "full" else spec.tiny)
+    if size == "tiny":
+        fields["vocab_size"] = len(tok)
+    if layers is not None:
+        fields["num_hidden_layers"] = layers
+    # The config names the tokenizer's eos; generation_config.json lists every end-of-reply token.
+    ids = {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
+    return getattr(transformers, spec.config_class)(**fields, **ids, dtype="bfloat16" if size == "full" else "float32")
+
+
+def generation_config(arch: str):
+    from transformers import GenerationConfig
+
+    spec = _arch(arch)
+    tok = tokenizer(arch)
+    eos = tok.convert_tokens_to_ids(list(spec.generation_eos))
+    return GenerationConfig(bos_token_id=tok.bos_token_id, eos_token_id=eos if len(eos) > 1 else eos[0],
+                            pad_token_id=tok.pad_token_id)
+
+
+def build(arch: str, size: str = "tiny", device: str | torch.device = "meta", dtype: torch.dtype | None = None,
+          layers: int | None = None, seed: int = 0):
+    """The model, randomly initialised on `device` (default "meta": shapes only, no memory)."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = config(arch, size, layers)
+    dtype = dtype or (torch.bfloat16 if size == "full" else torch.float32)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+
+
+def count_parameters(model) -> int:
+    """Parameters counted once (tied embeddings count once, as model cards count them)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def make(arch: str, size: str = "tiny", out: str | Path = "standin", weights: bool | None = None,
+         layers: int | None = None, device: str | None = None) -> Path:
+    """Save a stand-in to `out` (config, generation config, tokenizer, and weights) and return its path.
+
+    weights: default True for tiny; for full, False saves config + tokenizer only (build the model with
+    `AutoModelForCausalLM.from_config`), True writes random bf16 safetensors shard by shard, generated on
+    `device` (default: the GPU if there is one), so even a model larger than one GPU is written quickly.
+    """
+    spec = _arch(arch)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    weights = (size == "tiny") if weights is None else weights
+    tok = tokenizer(arch)
+    cfg = config(arch, size, layers)
+    tok.save_pretrained(out)
+    if weights and size == "tiny":
+        model = build(arch, size, device=device or "cpu", layers=layers)
+        model.save_pretrained(out)
+        n_parameters = count_parameters(model)
+    else:
+        cfg.save_pretrained(out)
+        model = build(arch, size, device="meta", layers=layers)
+        n_parameters = count_parameters(model)
+        if weights:
+            device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+            write_random_weights(model, out, device=device, dtype=torch.bfloat16)
+    generation_config(arch).save_pretrained(out)  # after the model's, which would overwrite it
+    (out / "standin.json").write_text(json.dumps({
+        "arch": arch, "size": size, "stands_in_for": spec.hub_id, "config_class": spec.config_class,
+        "parameters": n_parameters, "published_parameters": spec.published_parameters,
+        "weights": "random" if weights else "none (config and tokenizer only)",
+        "note": "A random-weight stand-in with the real architecture, made by nbhelpers.standins; "
+                "its tokenizer is a small BPE trained on the cookbook's data, not the hub tokenizer.",
+    }, indent=2) + "\n")
+    return out
+
+
+def write_random_weights(model, out: Path, device: str, dtype: torch.dtype = torch.bfloat16,
+                         shard_bytes: int = 4 * 2**30, seed: int = 0) -> None:
+    """Write random weights for a (meta) model's parameters as safetensors shards, one tensor at a time.
+
+    Initialisation follows the models' own: normal(0, initializer_range) for matrices, embeddings, expert
+    tensors and attention sinks; ones for norm weights; zeros for biases. Tied weights are written once.
+    """
+    from safetensors.torch import save_file
+
+    std = model.config.initializer_range
+    tensors = []  # (name, shape, kind)
+    for module_name, module in model.named_modules():
+        is_norm = "norm" in type(module).__name__.lower()
+        for name, parameter in module.named_parameters(recurse=False):
+            kind = "ones" if is_norm else "zeros" if name.endswith("bias") else "normal"
+            tensors.append((f"{module_name}.{name}" if module_name else name, parameter, kind))
+    seen, unique = set(), []
+    for name, parameter, kind in tensors:  # tied parameters are the same object: keep the first name
+        if id(parameter) not in seen:
+            seen.add(id(parameter))
+            unique.append((name, tuple(parameter.shape), kind))
+    element = torch.tensor([], dtype=dtype).element_size()
+    shards, current, current_bytes = [], [], 0
+    for item in unique:
+        size = math.prod(item[1]) * element
+        if current and current_bytes + size > shard_bytes:
+            shards.append(current)
+            current, current_bytes = [], 0
+        current.append(item)
+        current_bytes += size
+    shards.append(current)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    weight_map, total = {}, 0
+    for index, shard in enumerate(shards, start=1):
+        filename = "model.safetensors" if len(shards) == 1 else f"model-{index:05d}-of-{len(shards):05d}.safetensors"
+        data = {}
+        for name, shape, kind in shard:
+            if kind == "normal":
+                tensor = torch.empty(shape, dtype=dtype, device=device).normal_(0.0, std, generator=generator)
+            else:
+                tensor = (torch.ones if kind == "ones" else torch.zeros)(shape, dtype=dtype, device=device)
+            data[name] = tensor.cpu()
+            weight_map[name] = filename
+            total += tensor.numel() * element
+        save_file(data, str(out / filename), metadata={"format": "pt"})
+        del data
+    if len(shards) > 1:
+        (out / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
+
+
+def parameter_table() -> list[dict]:
+    """arch -> class, published vs built (full, meta device) parameter count."""
+    rows = []
+    for arch, spec in ARCHS.items():
+        built = count_parameters(build(arch, "full"))
+        rows.append({"arch": arch, "config_class": spec.config_class, "hub_id": spec.hub_id,
+                     "published": spec.published_parameters, "built": built,
+                     "error": built / spec.published_parameters - 1})
+    return rows
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m nbhelpers.standins", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    make_parser = commands.add_parser("make", help="save a stand-in model folder")
+    make_parser.add_argument("arch", choices=list(ARCHS))
+    make_parser.add_argument("--size", choices=SIZES, default="tiny")
+    make_parser.add_argument("--out", required=True)
+    make_parser.add_argument("--weights", action=argparse.BooleanOptionalAction, default=None,
+                             help="write random weights (default: yes for tiny, no for full)")
+    make_parser.add_argument("--layers", type=int, default=None, help="override the number of layers")
+    make_parser.add_argument("--device", default=None, help="where to generate full-size weights (default: cuda if any)")
+    commands.add_parser("table", help="published vs built parameter counts of the full sizes (meta device)")
+    args = parser.parse_args(argv)
+    if args.command == "make":
+        path = make(args.arch, size=args.size, out=args.out, weights=args.weights, layers=args.layers,
+                    device=args.device)
+        size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+        print(f"{args.arch} ({args.size}) -> {path}  {size / 2**20:.1f} MiB")
+    else:
+        for row in parameter_table():
+            print(f"{row['arch']:14s} {row['config_class']:13s} published {row['published'] / 1e9:7.2f} B  "
+                  f"built {row['built'] / 1e9:7.3f} B  ({row['error']:+.2%})")
+
+
+if __name__ == "__main__":
+    main()
