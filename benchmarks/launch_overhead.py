@@ -90,10 +90,11 @@ def measure(variant: str, repeats: int) -> dict:
                 "first_s": times, "warm_s": times}
     firsts, warms = [], []
     for _ in range(repeats):  # each first launch in a fresh process; the warm ones from the first process
-        out = subprocess.run([sys.executable, str(HERE), "--in-process", variant,
-                              "--repeats", str(repeats if not warms else 0)],
-                             check=True, capture_output=True, text=True).stdout
-        timing = json.loads(out.strip().splitlines()[-1])
+        run = subprocess.run([sys.executable, str(HERE), "--in-process", variant,
+                              "--repeats", str(repeats if not warms else 0)], capture_output=True, text=True)
+        if run.returncode != 0:
+            return {"failed": run.stderr.strip().splitlines()[-1] if run.stderr.strip() else f"exit {run.returncode}"}
+        timing = json.loads(run.stdout.strip().splitlines()[-1])
         firsts.append(timing["first"])
         warms += timing["warm"]
     return {"first_median_s": statistics.median(firsts), "warm_median_s": statistics.median(warms),
@@ -119,9 +120,11 @@ def main():
 
     results = {}
     for variant in ("distributed", "torchrun", "mp_spawn", "accelerate_notebook_launcher"):
-        results[variant] = measure(variant, args.repeats)
-        r = results[variant]
-        print(f"{variant:30s} first {r['first_median_s']:.2f} s   warm {r['warm_median_s']:.2f} s", flush=True)
+        results[variant] = r = measure(variant, args.repeats)
+        if "failed" in r:
+            print(f"{variant:30s} failed: {r['failed']}", flush=True)
+        else:
+            print(f"{variant:30s} first {r['first_median_s']:.2f} s   warm {r['warm_median_s']:.2f} s", flush=True)
     torchrun = results["torchrun"]["first_median_s"]
     summary = {
         "distributed_first_vs_torchrun": results["distributed"]["first_median_s"] / torchrun,
