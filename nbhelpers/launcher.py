@@ -282,16 +282,17 @@ class _Launch:
             try:
                 self._start(ctx, tmp)
                 failure = self._supervise()
+                if failure is None:
+                    self._wait_for_exit()
             except BaseException:  # KeyboardInterrupt from the notebook's interrupt button too
                 self._stop_all()
                 raise
             if failure is not None:
                 self._stop_all()
-                self._drain(deadline=time.monotonic() + 1.0)
-                raise failure
-            self._wait_for_exit()
             self._drain(deadline=time.monotonic() + 1.0)
             self.selector.close()
+            if failure is not None:
+                raise failure
         return [r.outcome[1] for r in self.ranks]
 
     # -- start ----------------------------------------------------------------------------------
