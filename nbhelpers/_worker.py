@@ -6,6 +6,7 @@ rank forked from it starts warm and may still use CUDA. Nothing here runs in the
 from __future__ import annotations
 
 import faulthandler
+import multiprocessing
 import os
 import signal
 import sys
@@ -47,6 +48,9 @@ def run_rank(rank, payload, environ, cwd, sys_path, threads, stdout, stderr, res
     dump_file = open(stack_file, "w")
     faulthandler.register(signal.SIGUSR1, file=dump_file, all_threads=True)
 
+    # A child of the fork server inherits "forkserver" as its default start method; under torchrun a rank has
+    # the platform's default (fork on Linux), and e.g. DataLoader workers of a notebook-defined Dataset need it.
+    multiprocessing.set_start_method(None, force=True)
     os.environ.clear()
     os.environ.update(environ)
     os.chdir(cwd)

@@ -1,5 +1,6 @@
 """The `@distributed` launcher: one test per behaviour of DESIGN.md's contract (CPU, gloo, 2 ranks)."""
 import json
+import multiprocessing
 import os
 import re
 import subprocess
@@ -171,6 +172,16 @@ def test_ranks_see_the_callers_current_environment_variables(monkeypatch):
         return os.environ.get("COOKBOOK_SETTING")
 
     assert read.distributed() == ["set-after-the-server-started"] * 2
+
+
+
+def test_ranks_start_subprocesses_with_the_platforms_default_method_as_under_torchrun():
+    @distributed
+    def start_method():
+        return multiprocessing.get_start_method()
+
+    platform_default = multiprocessing.get_all_start_methods()[0]  # documented: the default comes first
+    assert start_method.distributed() == [platform_default] * 2, "DataLoader workers would start differently"
 
 
 CONCURRENT_LAUNCH = """
