@@ -44,4 +44,24 @@ CASES = [
         timeout=180,
         output_contains=("[rank 0]",),
     ),
+    NotebookCase(
+        "notebooks/lightning/ddp_two_tower.ipynb",
+        parameters={"output_dir": "{output_dir}", "ratings_path": "{data}/ratings/item_ratings.csv",
+                    "epochs": 6, "batch_size": 256, "num_workers": 0, "num_gpus": None},
+        expect={
+            "world_size": ("==", 2),
+            "lightning_world_size": ("==", 2),
+            "lightning_cluster_environment": ("==", "TorchElasticEnvironment"),  # saw @distributed's launch
+            "lightning_started_processes": ("==", 0),  # and did not relaunch
+            "test_auroc": (">=", 0.7),
+            "test_auroc_same_on_all_ranks": ("==", True),
+            "final_loss": ("<", ("initial_loss", 0.5)),
+            "best_checkpoint_written_by_ranks": ("==", [0]),
+            "checkpoint_writer_ranks": ("==", [0]),  # rank 1 wrote no checkpoint file at all
+            "best_checkpoint_stamp_rank": ("==", 0),
+            "checkpoint_files_unaccounted": ("==", []),
+        },
+        timeout=180,
+        output_contains=("[rank 0]", "started 0 processes of its own"),
+    ),
 ]
