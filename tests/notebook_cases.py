@@ -51,6 +51,7 @@ CASES = [
         expect={
             "world_size": ("==", 2),
             "lightning_world_size": ("==", 2),
+            "process_group_backend": ("==", "gloo"),
             "lightning_cluster_environment": ("==", "TorchElasticEnvironment"),  # saw @distributed's launch
             "lightning_started_processes": ("==", 0),  # and did not relaunch
             "test_auroc": (">=", 0.7),
@@ -61,7 +62,7 @@ CASES = [
             "best_checkpoint_stamp_rank": ("==", 0),
             "checkpoint_files_unaccounted": ("==", []),
         },
-        timeout=180,
+        timeout=240,
         output_contains=("[rank 0]", "started 0 processes of its own"),
     ),
 ]
