@@ -435,10 +435,14 @@ def make(arch: str, size: str = "tiny", out: str | Path = "standin", weights: bo
     weights: default True for tiny; for full, False saves config + tokenizer only (build the model with
     `AutoModelForCausalLM.from_config`), True writes random bf16 safetensors shard by shard, generated on
     `device` (default: the GPU if there is one), so even a model larger than one GPU is written quickly.
+    Full bf16 weights take 2 bytes per parameter on disk (gpt-oss-20b 42 GB, gpt-oss-120b 234 GB): where
+    the disk is smaller, pass `layers` for a model of the full width with fewer layers, and say so.
     """
     spec = _arch(arch)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    for stale in [*out.glob("model*.safetensors"), *out.glob("model.safetensors.index.json")]:
+        stale.unlink()  # weights of an earlier stand-in in the same folder would be loaded with the new config
     weights = (size == "tiny") if weights is None else weights
     tok = tokenizer(arch)
     cfg = config(arch, size, layers)

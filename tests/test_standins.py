@@ -1,0 +1,158 @@
+"""The offline stand-ins: tiny ones load offline through the Auto classes and train; full ones have the
+published sizes; every family's chat template renders and masks exactly the assistant's tokens."""
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from nbhelpers import standins
+
+REPO = Path(__file__).resolve().parents[1]
+ARCHS = list(standins.ARCHS)
+ONE_ARCH_PER_FAMILY = {spec.family: arch for arch, spec in reversed(standins.ARCHS.items())}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tiny_standin_loads_offline_and_runs_forward_backward(arch, standin):
+    path = standin(arch)
+    assert os.environ["HF_HUB_OFFLINE"] == "1"
+    model = AutoModelForCausalLM.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    spec = standins.ARCHS[arch]
+    assert type(model.config).__name__ == spec.config_class
+    assert model.config.vocab_size == len(tokenizer)
+    messages = [{"role": "user", "content": "What is 12 + 30?"}, {"role": "assistant", "content": "12 + 30 = 42."}]
+    input_ids = torch.tensor([tokenizer.apply_chat_template(messages, return_dict=True)["input_ids"]])
+    loss = model(input_ids=input_ids, labels=input_ids).loss
+    loss.backward()
+    assert abs(loss.item() - math.log(len(tokenizer))) < 1.0  # random init predicts about uniformly
+    gradients = [p.grad for p in model.parameters() if p.requires_grad]
+    assert all(g is not None and torch.isfinite(g).all() for g in gradients)
+    size = sum(f.stat().st_size for f in Path(path).iterdir())
+    assert size < 5 * 2**20, f"tiny stand-in is {size / 2**20:.1f} MiB"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tiny_config_keeps_the_architectures_special_features(arch):
+    tiny, full = standins.config(arch, "tiny"), standins.config(arch, "full")
+    assert type(tiny) is type(full)
+    for field in ("rope_parameters", "tie_word_embeddings", "hidden_act", "attention_bias", "use_sliding_window"):
+        assert getattr(tiny, field, None) == getattr(full, field, None), field
+    assert set(getattr(tiny, "layer_types", None) or []) == set(getattr(full, "layer_types", None) or [])
+    if arch.startswith("gpt-oss"):
+        assert tiny.num_local_experts > tiny.num_experts_per_tok > 1
+        model = standins.build(arch, "tiny")
+        assert all(layer.self_attn.sinks.numel() == tiny.num_attention_heads for layer in model.model.layers)
+    if arch.startswith(("qwen3", "olmo")):
+        layer = standins.build(arch, "tiny").model.layers[0]
+        assert hasattr(layer.self_attn, "q_norm") and hasattr(layer.self_attn, "k_norm")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_full_size_parameter_count_matches_the_published_one(arch):
+    model = standins.build(arch, "full")  # meta device: shapes only
+    assert all(p.device.type == "meta" for p in model.parameters())
+    built, published = standins.count_parameters(model), standins.ARCHS[arch].published_parameters
+    assert abs(built / published - 1) < 0.02, f"{arch}: built {built / 1e9:.3f} B, published {published / 1e9:.2f} B"
+
+
+def _assistant_spans(tokenizer, messages):
+    rendered = tokenizer.apply_chat_template(messages, return_dict=True, return_assistant_tokens_mask=True)
+    spans, current = [], []
+    for token, in_mask in zip(rendered["input_ids"], rendered["assistant_masks"]):
+        if in_mask:
+            current.append(token)
+        elif current:
+            spans.append(tokenizer.decode(current))
+            current = []
+    if current:
+        spans.append(tokenizer.decode(current))
+    return spans
+
+
+CONVERSATION = [
+    {"role": "system", "content": "reasoning language: French"},
+    {"role": "user", "content": "What is 12 + 30?"},
+    {"role": "assistant", "content": "12 + 30 = 42."},
+    {"role": "user", "content": "Multiply that by 2."},
+    {"role": "assistant", "content": "42 × 2 = 84.", "thinking": "Je calcule 42 × 2 = 84.",
+     "reasoning_content": "Je calcule 42 × 2 = 84."},
+]
+EXPECTED_ASSISTANT_TEXT = {  # what the assistant writes after each generation prompt
+    "llama3": ["12 + 30 = 42.<|eot_id|>", "42 × 2 = 84.<|eot_id|>"],
+    "gpt-oss": ["<|channel|>final<|message|>12 + 30 = 42.<|end|>",
+                "<|channel|>analysis<|message|>Je calcule 42 × 2 = 84.<|end|><|start|>assistant"
+                "<|channel|>final<|message|>42 × 2 = 84.<|return|>"],
+    "qwen2": ["12 + 30 = 42.<|im_end|>", "42 × 2 = 84.<|im_end|>"],
+    "qwen3": ["12 + 30 = 42.<|im_end|>", "<think>\nJe calcule 42 × 2 = 84.\n</think>\n\n42 × 2 = 84.<|im_end|>"],
+    "olmo3": ["12 + 30 = 42.<|im_end|>", "42 × 2 = 84.<|im_end|>"],
+}
+
+
+@pytest.mark.parametrize("family", sorted(ONE_ARCH_PER_FAMILY))
+def test_chat_template_masks_exactly_the_assistant_tokens(family, standin):
+    tokenizer = AutoTokenizer.from_pretrained(standin(ONE_ARCH_PER_FAMILY[family]))
+    assert _assistant_spans(tokenizer, CONVERSATION) == EXPECTED_ASSISTANT_TEXT[family]
+    # The generation prompt is exactly what precedes the assistant's text in a full rendering, so
+    # prompt/completion training and generation agree.
+    prompt = tokenizer.apply_chat_template(CONVERSATION[:-1], tokenize=False, add_generation_prompt=True)
+    full = tokenizer.apply_chat_template(CONVERSATION, tokenize=False)
+    assert full.startswith(prompt + EXPECTED_ASSISTANT_TEXT[family][-1])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tokenizer_special_tokens_are_set_as_the_family_sets_them(arch, standin):
+    tokenizer = AutoTokenizer.from_pretrained(standin(arch))
+    spec = standins.ARCHS[arch]
+    assert (tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token) == (spec.bos, spec.eos, spec.pad)
+    generation = json.loads((Path(standin(arch)) / "generation_config.json").read_text())
+    eos = generation["eos_token_id"]
+    assert tokenizer.convert_ids_to_tokens(eos if isinstance(eos, list) else [eos]) == list(spec.generation_eos)
+    ids = tokenizer("Hello world")["input_ids"]
+    assert (ids[0] == tokenizer.bos_token_id) == standins.FAMILIES[spec.family].prepend_bos
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "Hello world"
+
+
+def test_qwen3_generation_prompt_without_thinking_has_an_empty_think_block(standin):
+    tokenizer = AutoTokenizer.from_pretrained(standin("qwen3-8b"))
+    prompt = tokenizer.apply_chat_template(CONVERSATION[1:2], tokenize=False, add_generation_prompt=True,
+                                           enable_thinking=False)
+    assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def test_random_weight_writer_output_loads_with_no_missing_keys(tmp_path):
+    # The writer `make(size="full", weights=True)` uses on the GPU machine, exercised on tiny shapes with
+    # small shards: tied and untied embeddings, MoE experts, sinks and norms all load.
+    for arch in ("gpt-oss-20b", "qwen3-0.6b"):
+        model = standins.build(arch, "tiny")
+        out = tmp_path / arch
+        out.mkdir()
+        model.config.save_pretrained(out)
+        standins.write_random_weights(model, out, device="cpu", shard_bytes=200_000)
+        assert (out / "model.safetensors.index.json").exists()
+        loaded, info = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+        assert not any(info.values()), info
+        with safe_open(next(out.glob("*.safetensors")), "pt") as shard:
+            assert all(shard.get_tensor(name).dtype == torch.bfloat16 for name in shard.keys())
+        norm = loaded.model.norm.weight
+        assert torch.equal(norm, torch.ones_like(norm))
+        assert 0.015 < loaded.model.embed_tokens.weight.float().std().item() < 0.025
+
+
+def test_cli_makes_a_full_size_config_without_weights(tmp_path):
+    out = tmp_path / "llama"
+    subprocess.run([sys.executable, "-m", "nbhelpers.standins", "make", "llama-3.2-1b", "--size", "full",
+                    "--out", str(out)], check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                   capture_output=True, timeout=120)
+    config = AutoConfig.from_pretrained(out)
+    assert (config.hidden_size, config.num_hidden_layers, config.vocab_size) == (2048, 16, 128256)
+    assert not list(out.glob("*.safetensors"))
+    assert len(AutoTokenizer.from_pretrained(out)) < config.vocab_size  # the published vocabulary, padded
+    assert json.loads((out / "standin.json").read_text())["stands_in_for"] == "meta-llama/Llama-3.2-1B-Instruct"
