@@ -34,6 +34,7 @@ QUIET_LOOPBACK_ENV = {
     "RAY_USAGE_STATS_REPORT_URL": "http://127.0.0.1:9/",  # the discard port: nothing listens
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     "RAY_DEDUP_LOGS": "0",
+    "RAY_raylet_start_wait_time_s": "180",  # a loaded 2-core CI machine registers nodes slowly (default 60)
 }
 
 
@@ -86,11 +87,15 @@ def start_loopback_cluster(nodes: int = 2, cpus_per_node: int = 1):
     common = dict(num_cpus=cpus_per_node, node_ip_address="127.0.0.1", object_store_memory=80 * 2**20)
     cluster = Cluster(shutdown_at_exit=True)
     cluster.scratch = scratch
-    with _environment(HOME=home), _address_file_kept():
-        cluster.add_node(include_dashboard=False, temp_dir=os.path.join(scratch, "t"), **common)
-    for _ in range(nodes - 1):
-        cluster.add_node(**common)
-    cluster.wait_for_nodes()
+    try:
+        with _environment(HOME=home), _address_file_kept():
+            cluster.add_node(include_dashboard=False, temp_dir=os.path.join(scratch, "t"), **common)
+        for _ in range(nodes - 1):
+            cluster.add_node(**common)
+        cluster.wait_for_nodes(timeout=180)
+    except BaseException:
+        stop_loopback_cluster(cluster)
+        raise
     env = {**os.environ, **QUIET_LOOPBACK_ENV, "RAY_ADDRESS": cluster.address}
     return cluster, env
 
