@@ -32,19 +32,3 @@ def standin(tmp_path_factory):
         return built[name]
 
     return build
-
-
-@pytest.fixture(scope="session")
-def ray_cluster():
-    """A 2-node Ray cluster on 127.0.0.1 (one CPU each; see tests/ray_cluster.py), started once for every
-    Ray test. This process is attached to it; yields the environment for subprocesses that should join
-    it (RAY_ADDRESS and the loopback/no-telemetry settings)."""
-    import ray
-    from ray_cluster import start_loopback_cluster, stop_loopback_cluster
-
-    cluster, env = start_loopback_cluster(nodes=2, cpus_per_node=1)
-    ray.init(address=cluster.address, log_to_driver=False)  # rank output reaches a test only through @distributed
-    try:
-        yield env
-    finally:
-        stop_loopback_cluster(cluster)

@@ -1,8 +1,9 @@
 """A multi-node Ray cluster on this machine, listening on 127.0.0.1 only, without telemetry: for tests.
 
     cluster, env = start_loopback_cluster(nodes=2, cpus_per_node=1)
-    ... ray.init(address=cluster.address) here; subprocesses get `env` (RAY_ADDRESS and the settings) ...
-    stop_loopback_cluster(cluster)
+    connect(cluster)        # this process becomes a driver; subprocesses join with `env` (RAY_ADDRESS, ...)
+    ...
+    stop_loopback_cluster(cluster)     # also disconnects this process
 
 Each node is a separate raylet with its own node id and resources (ray.cluster_utils.Cluster, what Ray's
 own tests use), so placement across "nodes" is real; they all live on 127.0.0.1.
@@ -72,13 +73,25 @@ def _address_file_kept():
                 f.write(before)
 
 
-def start_loopback_cluster(nodes: int = 2, cpus_per_node: int = 1):
-    """Start `nodes` Ray nodes on 127.0.0.1; return (cluster, env for subprocesses that should join it)."""
-    os.environ.update(QUIET_LOOPBACK_ENV)  # before ray is imported: ray_constants reads them at import
+@contextlib.contextmanager
+def _loopback_addresses():
+    """While inside: this process resolves 127.0.0.1 as 127.0.0.1 (see the module's docstring)."""
     import ray._private.ray_constants as ray_constants
+
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False  # what RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 sets at import
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
+
+
+def start_loopback_cluster(nodes: int = 2, cpus_per_node: int = 1):
+    """Start `nodes` Ray nodes on 127.0.0.1; return (cluster, env for subprocesses that should join it).
+
+    This process's environment is left as it was: only the nodes' processes get the settings."""
     from ray.cluster_utils import Cluster
 
-    ray_constants.ENABLE_RAY_CLUSTER = False  # in case ray was imported before the line above
     scratch = tempfile.mkdtemp(prefix="rayt-", dir="/tmp")  # short: Ray's unix socket paths must fit 107 bytes
     home = os.path.join(scratch, "home")
     os.makedirs(home)
@@ -88,16 +101,25 @@ def start_loopback_cluster(nodes: int = 2, cpus_per_node: int = 1):
     cluster = Cluster(shutdown_at_exit=True)
     cluster.scratch = scratch
     try:
-        with _environment(HOME=home), _address_file_kept():
-            cluster.add_node(include_dashboard=False, temp_dir=os.path.join(scratch, "t"), **common)
-        for _ in range(nodes - 1):
-            cluster.add_node(**common)
-        cluster.wait_for_nodes(timeout=180)
+        with _environment(**QUIET_LOOPBACK_ENV), _loopback_addresses():
+            with _environment(HOME=home), _address_file_kept():
+                cluster.add_node(include_dashboard=False, temp_dir=os.path.join(scratch, "t"), **common)
+            for _ in range(nodes - 1):
+                cluster.add_node(**common)
+            cluster.wait_for_nodes(timeout=180)
     except BaseException:
         stop_loopback_cluster(cluster)
         raise
     env = {**os.environ, **QUIET_LOOPBACK_ENV, "RAY_ADDRESS": cluster.address}
     return cluster, env
+
+
+def connect(cluster) -> None:
+    """Attach this process to the cluster as a driver (rank output reaches it only through @distributed)."""
+    import ray
+
+    with _loopback_addresses():
+        ray.init(address=cluster.address, log_to_driver=False)
 
 
 def stop_loopback_cluster(cluster) -> None:
@@ -112,7 +134,7 @@ if __name__ == "__main__":  # a cluster to experiment with: prints its address, 
     import time
 
     cluster, _ = start_loopback_cluster()
-    print(f"RAY_ADDRESS={cluster.address}", flush=True)
+    print(f"RAY_ADDRESS={cluster.address}  (and RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 to connect)", flush=True)
     try:
         while True:
             time.sleep(60)

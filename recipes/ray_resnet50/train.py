@@ -81,6 +81,8 @@ def run_epoch(model, loader, optimizer, device, bf16: bool) -> tuple[float, floa
     started = time.perf_counter()
     with torch.set_grad_enabled(training):
         for images, labels in loader:  # prepare_data_loader already moved them to `device`
+            if device.type == "cuda":
+                images = images.contiguous(memory_format=torch.channels_last)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
                 logits = model(images)
             loss = F.cross_entropy(logits.float(), labels)
@@ -119,6 +121,8 @@ def train_loop_per_worker(config: dict) -> dict:
         start_epoch, history = state["epoch"] + 1, state["history"]
         print(f"rank {rank}: resuming from the checkpoint of epoch {state['epoch']}", flush=True)
 
+    if device.type == "cuda":
+        model = model.to(memory_format=torch.channels_last)  # the layout cuDNN's bf16 convolutions want
     model = ray.train.torch.prepare_model(model)  # Ray: onto this worker's device, wrapped in DDP
     optimizer = torch.optim.AdamW(model.parameters(), lr=config["lr"], weight_decay=config["weight_decay"])
     if state is not None:
