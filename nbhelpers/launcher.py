@@ -40,6 +40,7 @@ import cloudpickle
 DEFAULT_CPU_PROCESSES = 2
 TERMINATE_GRACE_S = 2.0  # between SIGTERM and SIGKILL
 _OUTPUT_MODES = ("all", "rank0")
+_ENGINES = ("local", "ray")
 
 
 class DistributedError(RuntimeError):
@@ -54,7 +55,8 @@ class DistributedError(RuntimeError):
         self.remote_traceback = remote_traceback
 
 
-def distributed(fn=None, *, gpus: int | None = None, output: str = "all", stall_timeout: float | None = None):
+def distributed(fn=None, *, gpus: int | None = None, output: str = "all", stall_timeout: float | None = None,
+                engine: str = "local"):
     """Decorate a function so that `fn.distributed(...)` runs it once per GPU (or CPU process).
 
     Precondition: the function sets up its own process group (`init_process_group`, or a framework
@@ -67,18 +69,25 @@ def distributed(fn=None, *, gpus: int | None = None, output: str = "all", stall_
         last lines still appear in an error).
     stall_timeout: seconds without output from any rank after which every rank's Python stack is
         dumped into the error and all ranks are killed. None: wait for ever.
+    engine: "local" (this node's GPUs, the default) or "ray": ranks on the nodes of the Ray cluster this
+        process is attached to (`ray.init(address=...)`); `gpus` then counts the ranks of all nodes
+        together (default: every GPU of the cluster). See nbhelpers.ray_engine.
     """
     if output not in _OUTPUT_MODES:
         raise ValueError(f"output must be one of {_OUTPUT_MODES}, got {output!r}")
     if stall_timeout is not None and stall_timeout <= 0:
         raise ValueError(f"stall_timeout must be a positive number of seconds or None, got {stall_timeout!r}")
+    if engine not in _ENGINES:
+        raise ValueError(f"engine must be one of {_ENGINES}, got {engine!r}")
     if gpus is not None:
-        _world_size(gpus)  # a bad count fails at decoration, long before a launch
+        # A bad count fails at decoration, long before a launch (the cluster's GPUs are counted at launch).
+        _check_count(gpus) if engine == "ray" else _world_size(gpus)
 
     def decorate(f):
-        _fork_server_context()
-        forkserver.ensure_running()  # the server starts importing torch now, in the background
-        return DistributedFunction(f, gpus=gpus, output=output, stall_timeout=stall_timeout)
+        if engine == "local":
+            _fork_server_context()
+            forkserver.ensure_running()  # the server starts importing torch now, in the background
+        return DistributedFunction(f, gpus=gpus, output=output, stall_timeout=stall_timeout, engine=engine)
 
     return decorate(fn) if fn is not None else decorate
 
@@ -86,12 +95,13 @@ def distributed(fn=None, *, gpus: int | None = None, output: str = "all", stall_
 class DistributedFunction:
     """A function with a `.distributed(...)` launcher; calling it plainly runs it in this process."""
 
-    def __init__(self, fn, *, gpus, output, stall_timeout):
+    def __init__(self, fn, *, gpus, output, stall_timeout, engine="local"):
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.gpus = gpus
         self.output = output
         self.stall_timeout = stall_timeout
+        self.engine = engine
 
     def __call__(self, *args, **kwargs):
         with _single_process_environment():
@@ -99,6 +109,11 @@ class DistributedFunction:
 
     def distributed(self, *args, **kwargs) -> list:
         """Run on every rank; return the ranks' results in rank order (tensors on the CPU)."""
+        if self.engine == "ray":
+            from nbhelpers import ray_engine
+
+            return ray_engine.run(self.fn, args, kwargs, name=self.__name__, gpus=self.gpus, output=self.output,
+                                  stall_timeout=self.stall_timeout)
         world_size = _world_size(self.gpus)
         payload = _pickle_call(self.fn, args, kwargs)
         launch = _Launch(self.__name__, payload, world_size, self.output, self.stall_timeout)
@@ -111,12 +126,16 @@ def _visible_gpu_count() -> int:
     return torch.cuda.device_count()  # asks NVML: does not initialise CUDA in this process
 
 
+def _check_count(gpus) -> None:
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise ValueError(f"gpus must be a whole number >= 1 (or None for every visible GPU), got {gpus!r}")
+
+
 def _world_size(gpus) -> int:
     visible = _visible_gpu_count()
     if gpus is None:
         return visible or DEFAULT_CPU_PROCESSES
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
-        raise ValueError(f"gpus must be a whole number >= 1 (or None for every visible GPU), got {gpus!r}")
+    _check_count(gpus)
     if visible and gpus > visible:
         raise ValueError(
             f"gpus={gpus} but only {visible} GPU(s) are visible to this process "

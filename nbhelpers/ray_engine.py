@@ -1,0 +1,491 @@
+"""`@distributed(engine="ray")`: run a notebook function on GPUs of several nodes of a Ray cluster.
+
+    import ray
+    from nbhelpers import distributed
+
+    ray.init(address="auto")                    # attach this notebook to a running Ray cluster
+    @distributed(gpus=16, engine="ray")         # 16 ranks in all, on whichever nodes have the GPUs
+    def train(lr: float):
+        dist.init_process_group(backend())      # the same torchrun environment as on one node
+        ...
+    results = train.distributed(lr=1e-3)        # one result per rank, in rank order
+
+The contract is the one-node launcher's (nbhelpers.launcher), carried out by Ray:
+- One placement group reserves every rank's bundle at once ({"GPU": 1, "CPU": 1}, or {"CPU": 1} on a
+  cluster without GPUs), packed onto as few nodes as possible; the ranks are Ray actors in its bundles.
+  Nothing starts until all bundles are reserved (gang scheduling).
+- Ranks are numbered node by node (like torchrun's): RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+  GROUP_RANK (the node's index), MASTER_ADDR = rank 0's node address, MASTER_PORT = a port found free
+  on rank 0's node. On a node with several ranks, CUDA_VISIBLE_DEVICES lists all their GPUs and each
+  rank's LOCAL_RANK is the index of its own, so `cuda:LOCAL_RANK` is its GPU (what Ray Train does too).
+- The function and its arguments travel by value (cloudpickle); each rank runs it in the main thread of
+  its actor, in the notebook's working directory when that exists on the node.
+- Each rank's stdout and stderr (file descriptors 1 and 2, so subprocesses too) go to a small queue
+  actor on this node; this process prints them into the cell as they come, prefixed `[rank N]`.
+- The first failure (an exception, or a rank's process dying) raises one `DistributedError` naming
+  the rank with its traceback (or Ray's account of the death). Afterwards, failed or not, every rank
+  actor and the queue are killed, the placement group is removed, and processes the ranks started are
+  killed on every node (found by the launch id in their environment). Nothing is left.
+
+Ranks import nbhelpers, torch and what the function imports: these must be installed on every node
+(or shipped with `ray.init(runtime_env={"py_modules": [...]})`).
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import os
+import select
+import socket
+import sys
+import threading
+import time
+import traceback
+
+import cloudpickle
+
+from nbhelpers.launcher import DEFAULT_CPU_PROCESSES, DistributedError, _pickle_call, _PrefixedPrinter, _torchrun_environment
+
+PLACEMENT_TIMEOUT_S = 120.0  # to reserve every rank's bundle before giving up
+OUTPUT_POLL_S = 0.5
+STACK_WAIT_S = 3.0
+CLEANUP_WAIT_S = 5.0
+
+
+def run(fn, args, kwargs, *, name: str, gpus: int | None, output: str, stall_timeout: float | None) -> list:
+    """Run fn(*args, **kwargs) once per rank on the Ray cluster this process is attached to."""
+    import ray
+
+    if not ray.is_initialized():
+        raise RuntimeError(
+            'engine="ray" runs the function on the Ray cluster this process is attached to, and it is '
+            'attached to none: call ray.init(address="auto") (or address="HEAD_IP:6379"; plain ray.init() '
+            "starts a one-machine Ray) before the launch."
+        )
+    use_gpu, world_size = _world_size(gpus)
+    payload = _pickle_call(fn, args, kwargs)
+    return _RayLaunch(name, payload, world_size, use_gpu, output, stall_timeout).run()
+
+
+def _world_size(gpus) -> tuple[bool, int]:
+    """(use GPUs?, number of ranks) on this cluster; a count it cannot hold is refused here."""
+    import ray
+
+    total = ray.cluster_resources()
+    cluster_gpus, cluster_cpus = int(total.get("GPU", 0)), int(total.get("CPU", 0))
+    if cluster_gpus:
+        world_size = cluster_gpus if gpus is None else gpus
+        if world_size > cluster_gpus:
+            raise ValueError(f"gpus={gpus} but the Ray cluster has {cluster_gpus} GPU(s) in all. Ask for at "
+                             f"most {cluster_gpus}, or leave gpus unset to use every GPU of the cluster.")
+        return True, world_size
+    world_size = DEFAULT_CPU_PROCESSES if gpus is None else gpus
+    if world_size > cluster_cpus:
+        raise ValueError(f"gpus={gpus}: the Ray cluster has no GPU, and {cluster_cpus} CPU(s) in all for "
+                         f"{world_size} CPU ranks of one CPU each. Ask for at most {cluster_cpus}.")
+    return False, world_size
+
+
+# ---------------------------------------------------------------------------------------------------
+# The actors
+
+class _Outbox:
+    """An asyncio actor on the notebook's node: ranks put output into it, the notebook takes it out; the
+    notebook posts commands ("stacks", "clean up") that every rank's control thread waits for."""
+
+    def __init__(self):
+        self.items = []
+        self.arrived = asyncio.Event()
+        self.commands = []
+        self.commanded = asyncio.Event()
+
+    def put(self, rank: int, stream: str, data: bytes) -> None:
+        self.items.append((rank, stream, data))
+        self.arrived.set()
+
+    async def take(self, timeout: float) -> list:
+        if not self.items:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.arrived.wait(), timeout)
+        items, self.items = self.items, []
+        self.arrived.clear()
+        return items
+
+    def command(self, name: str) -> None:
+        self.commands.append(name)
+        self.commanded.set()
+
+    async def next_command(self, index: int) -> str:
+        while len(self.commands) <= index:
+            self.commanded.clear()
+            await self.commanded.wait()
+        return self.commands[index]
+
+
+class _Rank:
+    """One rank: a Ray actor that runs the function in its main thread, its output sent to the outbox."""
+
+    def __init__(self, outbox):
+        self.outbox = outbox
+
+    def where(self) -> dict:
+        import ray
+
+        return {"node_id": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address(),
+                "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "pid": os.getpid()}
+
+    def free_port(self) -> int:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))  # every interface: the other nodes connect to this node's address
+            return s.getsockname()[1]
+
+    def run(self, rank: int, payload: bytes, environ: dict, cwd: str, sys_path: list) -> bytes:
+        from nbhelpers._worker import _to_cpu
+
+        os.environ.update(environ)
+        if os.path.isdir(cwd):
+            os.chdir(cwd)
+        sys.path.extend(p for p in sys_path if p not in sys.path and os.path.exists(p))
+        threading.Thread(target=self._obey, args=(rank, environ["NBHELPERS_LAUNCH_ID"]), daemon=True).start()
+        with self._output_to_outbox(rank):
+            try:
+                fn, args, kwargs = cloudpickle.loads(payload)
+                result = _to_cpu(fn(*args, **kwargs))
+                try:
+                    return cloudpickle.dumps(("ok", result))
+                except Exception as exc:
+                    raise TypeError(f"the return value of rank {rank} cannot be pickled: {exc}") from exc
+            except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the notebook must hear of it
+                return cloudpickle.dumps(("error", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+
+    @contextlib.contextmanager
+    def _output_to_outbox(self, rank: int):
+        """File descriptors 1 and 2 (this process and what it starts) into pipes read by forwarding threads."""
+        import ray
+
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        saved, forwarders = {}, []
+        for fd, stream in ((1, "stdout"), (2, "stderr")):
+            read_end, write_end = os.pipe()
+            saved[fd] = os.dup(fd)
+            os.dup2(write_end, fd)
+            os.close(write_end)
+            forwarder = _Forwarder(self.outbox, rank, stream, read_end)
+            forwarder.start()
+            forwarders.append(forwarder)
+        try:
+            yield
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            for fd, copy in saved.items():
+                os.dup2(copy, fd)  # our write ends close: a forwarder sees EOF once no child holds one
+                os.close(copy)
+            for forwarder in forwarders:
+                forwarder.join(1.0)
+            # The outbox runs one caller's calls in order: once the last put is done, all are.
+            last = [f.last_put for f in forwarders if f.last_put is not None]
+            with contextlib.suppress(Exception):
+                ray.get(last, timeout=10)
+
+    def _obey(self, rank: int, launch_id: str):
+        """The control thread: answers the notebook's commands while the function runs (and after)."""
+        import ray
+
+        with contextlib.suppress(Exception):  # the outbox is killed at the end of the launch
+            for index in itertools.count():
+                command = ray.get(self.outbox.next_command.remote(index))
+                if command == "stacks":
+                    frames = sys._current_frames()
+                    text = "".join(f"Thread {t.name}:\n" + "".join(traceback.format_stack(frames[t.ident]))
+                                   for t in threading.enumerate() if t.ident in frames and t is not threading.current_thread())
+                    ray.get(self.outbox.put.remote(rank, "stack", text.encode()))
+                elif command == "clean up":  # what the function started, on this node; the notebook kills us
+                    killed = _kill_launch_processes(launch_id, spare=os.getpid())
+                    ray.get(self.outbox.put.remote(rank, "cleaned", str(killed).encode()))
+                    return
+
+
+class _Forwarder(threading.Thread):
+    """Reads one pipe and puts what comes into the outbox, a chunk per 50 ms at most."""
+
+    def __init__(self, outbox, rank, stream, fd):
+        super().__init__(daemon=True, name=f"nbhelpers-{stream}")
+        self.outbox, self.rank, self.stream, self.fd = outbox, rank, stream, fd
+        self.last_put = None
+
+    def run(self):
+        while True:
+            data = os.read(self.fd, 65536)
+            if not data:
+                break
+            deadline = time.monotonic() + 0.05
+            while len(data) < 65536 and (left := deadline - time.monotonic()) > 0 and select.select([self.fd], [], [], left)[0]:
+                more = os.read(self.fd, 65536)
+                if not more:
+                    break
+                data += more
+            self.last_put = self.outbox.put.remote(self.rank, self.stream, data)
+        os.close(self.fd)
+
+
+def _kill_launch_processes(launch_id: str, spare: int | None = None) -> int:
+    """SIGKILL every process of this node whose environment carries the launch id; return how many."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if p.pid not in (spare, os.getpid()) and p.environ().get("NBHELPERS_LAUNCH_ID") == launch_id:
+                found.append(p)
+    for p in found:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(found, timeout=5)
+    return len(found)
+
+
+def rank_layout(places: list[dict], use_gpu: bool) -> list[tuple[int, dict]]:
+    """Number the actors node by node, like torchrun: [(actor index, its placement variables)] in rank order.
+
+    places[i] is actor i's `where()`: node_id, ip, gpu_ids. Nodes keep the order in which the actors
+    (the placement group's bundles) first reach them, and on a node ranks follow their GPU ids, so that
+    LOCAL_RANK i is the i-th GPU of the CUDA_VISIBLE_DEVICES shared by the node's ranks.
+    """
+    nodes = list(dict.fromkeys(p["node_id"] for p in places))
+    gpu_key = lambda ids: [int(g) if g.isdigit() else g for g in ids]  # noqa: E731
+    order = sorted(range(len(places)), key=lambda i: (nodes.index(places[i]["node_id"]), gpu_key(places[i]["gpu_ids"]), i))
+    layout = []
+    for i in order:
+        same_node = [j for j in order if places[j]["node_id"] == places[i]["node_id"]]
+        placement = {
+            "MASTER_ADDR": places[order[0]]["ip"],
+            "LOCAL_RANK": str(same_node.index(i)),
+            "LOCAL_WORLD_SIZE": str(len(same_node)),
+            "GROUP_RANK": str(nodes.index(places[i]["node_id"])),
+        }
+        if use_gpu:
+            placement["CUDA_VISIBLE_DEVICES"] = ",".join(g for j in same_node for g in places[j]["gpu_ids"])
+        layout.append((i, placement))
+    return layout
+
+
+# ---------------------------------------------------------------------------------------------------
+# The launch, seen from the notebook
+
+class _RayLaunch:
+    def __init__(self, name, payload, world_size, use_gpu, output, stall_timeout):
+        self.name, self.payload, self.world_size, self.use_gpu = name, payload, world_size, use_gpu
+        self.output, self.stall_timeout = output, stall_timeout
+        self.run_id = f"nbhelpers-ray-{os.getpid()}-{time.time_ns()}"
+        self.pg = self.outbox = self.take = None
+        self.dead_ranks = set()
+        self.actors = []  # in bundle order
+        self.by_rank = []  # actors in rank order
+        self.places = []  # where() of each rank, in rank order
+        self.printers, self.tails = {}, collections.defaultdict(lambda: collections.deque(maxlen=40))
+
+    def run(self) -> list:
+        try:
+            self._start()
+            outcomes, failure = self._supervise()
+        except BaseException:  # KeyboardInterrupt from the notebook's interrupt button too
+            self._stop_all()
+            raise
+        self._stop_all()
+        if failure is not None:
+            raise failure
+        return [outcomes[r][1] for r in range(self.world_size)]
+
+    # -- start ----------------------------------------------------------------------------------
+    def _start(self):
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
+
+        here = ray.get_runtime_context().get_node_id()
+        self.outbox = ray.remote(num_cpus=0)(_Outbox).options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True)).remote()
+        bundle = {"GPU": 1, "CPU": 1} if self.use_gpu else {"CPU": 1}
+        self.pg = placement_group([dict(bundle) for _ in range(self.world_size)], strategy="PACK",
+                                  name=self.run_id)
+        ready, _ = ray.wait([self.pg.ready()], timeout=PLACEMENT_TIMEOUT_S)
+        if not ready:
+            raise RuntimeError(
+                f"Ray could not reserve {self.world_size} x {bundle} for {self.name}() within "
+                f"{PLACEMENT_TIMEOUT_S:.0f} s: the cluster has {ray.cluster_resources()} in all, "
+                f"{ray.available_resources()} free. Free some (other jobs, idle actors) or ask for fewer."
+            )
+        rank_actor = ray.remote(_Rank)
+        self.actors = [
+            rank_actor.options(
+                num_cpus=1, num_gpus=1 if self.use_gpu else 0, max_restarts=0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i),
+            ).remote(self.outbox)
+            for i in range(self.world_size)
+        ]
+        places = ray.get([a.where.remote() for a in self.actors])
+        layout = rank_layout(places, self.use_gpu)
+        self.by_rank = [self.actors[i] for i, _ in layout]
+        self.places = [places[i] for i, _ in layout]
+        master_port = ray.get(self.by_rank[0].free_port.remote())
+        payload = ray.put(self.payload)  # stored once, fetched by each node
+        self.refs = {}
+        for rank, (actor, (_, placement)) in enumerate(zip(self.by_rank, layout)):
+            environ = _torchrun_environment(rank, self.world_size, master_port, self.run_id)
+            environ.update(placement)
+            ref = actor.run.remote(rank, payload, environ, os.getcwd(), list(sys.path))
+            self.refs[ref] = rank
+
+    # -- watch ----------------------------------------------------------------------------------
+    def _supervise(self):
+        """Print output until every rank has returned; the first failure comes back as an error."""
+        import ray
+
+        outcomes = {}
+        pending = dict(self.refs)
+        self.take = self.outbox.take.remote(OUTPUT_POLL_S)
+        last_progress = time.monotonic()
+        while pending:
+            timeout = None
+            if self.stall_timeout is not None:
+                timeout = max(0.0, last_progress + self.stall_timeout - time.monotonic())
+            ready, _ = ray.wait([self.take, *pending], num_returns=1, timeout=timeout)
+            if not ready:
+                return outcomes, self._stalled()
+            ref = ready[0]
+            if ref == self.take:
+                if self._print_taken(next_wait=OUTPUT_POLL_S):
+                    last_progress = time.monotonic()
+                continue
+            rank = pending.pop(ref)
+            last_progress = time.monotonic()
+            try:
+                outcomes[rank] = cloudpickle.loads(ray.get(ref))
+            except ray.exceptions.RayActorError as exc:
+                self.dead_ranks.add(rank)
+                self._drain_output()
+                return outcomes, self._rank_died(rank, exc)
+            self._drain_output()  # the rank returned only once its last output had reached the outbox
+            if outcomes[rank][0] == "error":
+                return outcomes, self._rank_failed(rank, outcomes[rank])
+        self._drain_output()
+        return outcomes, None
+
+    def _print_taken(self, next_wait: float) -> bool:
+        """Print what the pending take brought (waiting for it), and start the next take."""
+        import ray
+
+        items = ray.get(self.take)
+        self.take = self.outbox.take.remote(next_wait)
+        self._print(items)
+        return bool(items)
+
+    def _drain_output(self):
+        self._print_taken(next_wait=0)  # what the pending take holds, then what arrived since
+        self._print_taken(next_wait=OUTPUT_POLL_S)
+
+    def _print(self, items):
+        for rank, stream, data in items:
+            key = (rank, stream)
+            if key not in self.printers:
+                show = self.output == "all" or rank == 0
+                self.printers[key] = _PrefixedPrinter(rank, stream, show, self.tails[rank])
+            self.printers[key].feed(data)
+
+    def _finish_printing(self):
+        for printer in self.printers.values():
+            printer.finish()
+
+    # -- fail -----------------------------------------------------------------------------------
+    def _where(self, rank) -> str:
+        place = self.places[rank]
+        return f"node {place['ip']} (node id {place['node_id'][:8]}), pid {place['pid']}"
+
+    def _rank_failed(self, rank, outcome) -> DistributedError:
+        _, summary, remote_tb = outcome
+        return DistributedError(
+            f"rank {rank} of {self.world_size} failed in {self.name}(): {summary}\n"
+            f"It ran on {self._where(rank)}. The other ranks were stopped. Traceback from rank {rank}:\n{remote_tb}",
+            rank=rank, exitcode=1, remote_traceback=remote_tb,
+        )
+
+    def _rank_died(self, rank, exc) -> DistributedError:
+        self._finish_printing()
+        tail = "".join(self.tails[rank]) or "(no output)\n"
+        cause = str(exc).strip()
+        return DistributedError(
+            f"rank {rank} of {self.world_size} died without returning from {self.name}() on {self._where(rank)} "
+            f"(killed, out of memory, os._exit, or its node was lost). The other ranks were stopped.\n"
+            f"Ray says: {cause}\nLast output of rank {rank}:\n{tail}",
+            rank=rank,
+        )
+
+    def _stalled(self) -> DistributedError:
+        import ray
+
+        self.outbox.command.remote("stacks")
+        stacks, deadline = {}, time.monotonic() + STACK_WAIT_S
+        while len(stacks) < self.world_size and time.monotonic() < deadline:
+            items = ray.get(self.take)
+            self.take = self.outbox.take.remote(0.2)
+            for rank, stream, data in items:
+                if stream == "stack":
+                    stacks[rank] = data.decode(errors="replace")
+                else:
+                    self._print([(rank, stream, data)])
+        text = "\n".join(f"--- rank {r} ---\n{stacks.get(r, '(no stack: not responding)').strip()}"
+                         for r in range(self.world_size))
+        return DistributedError(
+            f"no rank of {self.name}() made progress (no output) for {self.stall_timeout} s; "
+            f"all {self.world_size} ranks were killed. Their Python stacks:\n{text}"
+        )
+
+    # -- stop -----------------------------------------------------------------------------------
+    def _stop_all(self):
+        """Kill what this launch started: the ranks' processes on every node, the rank actors, the outbox,
+        the placement group."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        cleaned = self._clean_up_through_ranks() if self.places else set()
+        self._finish_printing()
+        for actor in self.actors:
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+        # A node where no rank answered (it died, or never started): a task there does it.
+        killer = ray.remote(num_cpus=0, max_retries=0)(_kill_launch_processes)
+        refs = [killer.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(self.run_id)
+                for node in dict.fromkeys(p["node_id"] for p in self.places) if node not in cleaned]
+        with contextlib.suppress(Exception):
+            ray.get(refs, timeout=60)
+        if self.outbox is not None:
+            with contextlib.suppress(Exception):
+                ray.kill(self.outbox, no_restart=True)
+        if self.pg is not None:
+            with contextlib.suppress(Exception):
+                remove_placement_group(self.pg)
+
+    def _clean_up_through_ranks(self) -> set:
+        """Ask every live rank to kill the processes the function started on its node; return those nodes."""
+        import ray
+
+        cleaned = set()
+        with contextlib.suppress(Exception):
+            self.outbox.command.remote("clean up")
+            nodes = {p["node_id"] for r, p in enumerate(self.places) if r not in self.dead_ranks}
+            deadline = time.monotonic() + CLEANUP_WAIT_S
+            while not nodes <= cleaned and time.monotonic() < deadline:
+                items = ray.get(self.take) if self.take is not None else []
+                self.take = self.outbox.take.remote(0.2)
+                for rank, stream, data in items:
+                    if stream == "cleaned":
+                        cleaned.add(self.places[rank]["node_id"])
+                    elif stream != "stack":
+                        self._print([(rank, stream, data)])
+        return cleaned

@@ -1,0 +1,142 @@
+"""A multi-node Ray cluster on this machine, listening on 127.0.0.1 only, without telemetry: for tests.
+
+    cluster, env = start_loopback_cluster(nodes=2, cpus_per_node=1)
+    connect(cluster)        # this process becomes a driver; subprocesses join with `env` (RAY_ADDRESS, ...)
+    ...
+    stop_loopback_cluster(cluster)     # also disconnects this process
+
+Each node is a separate raylet with its own node id and resources (ray.cluster_utils.Cluster, what Ray's
+own tests use), so placement across "nodes" is real; they all live on 127.0.0.1.
+
+What keeps it on loopback and quiet (Ray 2.60, read from its source):
+- node_ip_address=127.0.0.1: every Ray server binds to the node address.
+- RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0: otherwise ray.init(address="127.0.0.1:PORT") and the nodes'
+  own lookups replace 127.0.0.1 by the host's external IP (services.resolve_ip_for_localhost), which
+  nothing listens on.
+- The head's address is not left in /tmp/ray/ray_current_cluster, so a plain ray.init() elsewhere on the
+  machine starts its own Ray instead of joining this cluster.
+- RAY_USAGE_STATS_ENABLED=0: no usage report. Still, a cluster not started by ray.init() posts a
+  "usage stats disabled" notice to usage-stats.ray.io from its dashboard process;
+  RAY_USAGE_STATS_REPORT_URL sends that to a closed local port instead.
+- The dashboard process (started even with include_dashboard=False, for UsageStatsHead) asks the
+  Azure/GCP/AWS metadata addresses (169.254.169.254, metadata.google.internal) which cloud it runs on,
+  unless ~/ray_bootstrap_config.yaml exists (usage_lib.get_cluster_config_to_report). The head node's
+  processes therefore run with HOME set to a scratch folder that holds an empty one.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+
+QUIET_LOOPBACK_ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_USAGE_STATS_REPORT_URL": "http://127.0.0.1:9/",  # the discard port: nothing listens
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "RAY_DEDUP_LOGS": "0",
+    "RAY_raylet_start_wait_time_s": "180",  # a loaded 2-core CI machine registers nodes slowly (default 60)
+}
+
+
+@contextlib.contextmanager
+def _environment(**values):
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextlib.contextmanager
+def _address_file_kept():
+    """Starting a head records its address in /tmp/ray/ray_current_cluster, where every later plain
+    `ray.init()` on this machine (other tests, other users) would find it and join this cluster: put
+    back what was there."""
+    from ray._private.utils import get_ray_address_file
+
+    path = get_ray_address_file(None)
+    before = open(path).read() if os.path.exists(path) else None
+    try:
+        yield
+    finally:
+        if before is None:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+        else:
+            with open(path, "w") as f:
+                f.write(before)
+
+
+@contextlib.contextmanager
+def _loopback_addresses():
+    """While inside: this process resolves 127.0.0.1 as 127.0.0.1 (see the module's docstring)."""
+    import ray._private.ray_constants as ray_constants
+
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False  # what RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 sets at import
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
+
+
+def start_loopback_cluster(nodes: int = 2, cpus_per_node: int = 1):
+    """Start `nodes` Ray nodes on 127.0.0.1; return (cluster, env for subprocesses that should join it).
+
+    This process's environment is left as it was: only the nodes' processes get the settings."""
+    from ray.cluster_utils import Cluster
+
+    scratch = tempfile.mkdtemp(prefix="rayt-", dir="/tmp")  # short: Ray's unix socket paths must fit 107 bytes
+    home = os.path.join(scratch, "home")
+    os.makedirs(home)
+    with open(os.path.join(home, "ray_bootstrap_config.yaml"), "w") as f:
+        f.write("{}\n")
+    common = dict(num_cpus=cpus_per_node, node_ip_address="127.0.0.1", object_store_memory=80 * 2**20)
+    cluster = Cluster(shutdown_at_exit=True)
+    cluster.scratch = scratch
+    try:
+        with _environment(**QUIET_LOOPBACK_ENV), _loopback_addresses():
+            with _environment(HOME=home), _address_file_kept():
+                cluster.add_node(include_dashboard=False, temp_dir=os.path.join(scratch, "t"), **common)
+            for _ in range(nodes - 1):
+                cluster.add_node(**common)
+            cluster.wait_for_nodes(timeout=180)
+    except BaseException:
+        stop_loopback_cluster(cluster)
+        raise
+    env = {**os.environ, **QUIET_LOOPBACK_ENV, "RAY_ADDRESS": cluster.address}
+    return cluster, env
+
+
+def connect(cluster) -> None:
+    """Attach this process to the cluster as a driver (rank output reaches it only through @distributed)."""
+    import ray
+
+    with _loopback_addresses():
+        ray.init(address=cluster.address, log_to_driver=False)
+
+
+def stop_loopback_cluster(cluster) -> None:
+    import ray
+
+    ray.shutdown()
+    cluster.shutdown()
+    shutil.rmtree(cluster.scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":  # a cluster to experiment with: prints its address, runs until Ctrl-C
+    import time
+
+    cluster, _ = start_loopback_cluster()
+    print(f"RAY_ADDRESS={cluster.address}  (and RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 to connect)", flush=True)
+    try:
+        while True:
+            time.sleep(60)
+    except KeyboardInterrupt:
+        stop_loopback_cluster(cluster)

@@ -1,0 +1,257 @@
+"""Ray: `@distributed(engine="ray")` across the nodes of a Ray cluster, and the two Ray Train recipes.
+
+Everything here shares one 2-node Ray cluster on 127.0.0.1 with one CPU per node (tests/ray_cluster.py:
+loopback only, telemetry and cloud probing off), started once for this module and stopped after it, so
+two ranks or two Ray Train workers always land on two different nodes.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import ray
+import torch
+import torch.distributed as dist
+from ray_cluster import connect, start_loopback_cluster, stop_loopback_cluster
+
+from nbhelpers import DistributedError, distributed
+from nbhelpers.ray_engine import rank_layout
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "data"))
+from make_image_folders import make_image_folders  # noqa: E402
+
+TORCHRUN_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+# Ray Train's preemption watcher (node-drain notices, irrelevant here) costs one more process per
+# worker group on a 2-core machine.
+RECIPE_TEST_SETTINGS = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_cluster():
+    """The module's cluster; this process is its driver. Yields the environment for subprocesses."""
+    cluster, env = start_loopback_cluster(nodes=2, cpus_per_node=1)
+    try:
+        connect(cluster)
+        yield env
+    finally:
+        stop_loopback_cluster(cluster)
+
+
+# --- @distributed(engine="ray") ----------------------------------------------------------------
+
+def leftovers():
+    """What a launch could leave behind: live rank/outbox actors, placement groups, processes of a launch."""
+    actors = [a["ActorClassName"] for a in ray._private.state.actors().values()  # GCS view; the state API needs a dashboard
+              if a["State"] != "DEAD" and a["ActorClassName"] in ("_Rank", "_Outbox")]
+    groups = [g["name"] for g in ray.util.placement_group_table().values() if g["state"] != "REMOVED"]
+    processes = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("NBHELPERS_LAUNCH_ID", "").startswith("nbhelpers-ray-"):
+                processes.append((p.pid, p.cmdline()))
+        except psutil.Error:
+            pass
+    return actors, groups, processes
+
+
+def assert_nothing_left():
+    deadline = time.monotonic() + 15  # Ray kills and reaps asynchronously
+    while any(left := leftovers()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(left), f"left behind (actors, placement groups, processes): {left}"
+
+
+class TimedStream:
+    """Stands in for the cell's stdout/stderr: records when each piece of text arrived."""
+
+    def __init__(self):
+        self.pieces = []
+
+    def write(self, text):
+        self.pieces.append((time.monotonic(), text))
+        return len(text)
+
+    def flush(self):
+        pass
+
+    def text(self):
+        return "".join(t for _, t in self.pieces)
+
+
+def test_ranks_on_two_nodes_get_the_torchrun_environment_and_results_come_back_in_rank_order():
+    @distributed(engine="ray")
+    def where():
+        dist.init_process_group("gloo")  # across the two nodes, through MASTER_ADDR:MASTER_PORT
+        total = torch.tensor([dist.get_rank() + 1.0])
+        dist.all_reduce(total)
+        dist.destroy_process_group()
+        rank = int(os.environ["RANK"])
+        time.sleep(0.5 * (1 - rank))  # rank 1 finishes first
+        return {**{k: os.environ[k] for k in TORCHRUN_KEYS}, "node": ray.get_runtime_context().get_node_id(),
+                "sum": total.item(), "tensor": torch.full((2,), float(rank))}
+
+    results = where.distributed()
+    assert [r["RANK"] for r in results] == ["0", "1"]
+    assert results[0]["node"] != results[1]["node"]
+    assert [r["GROUP_RANK"] for r in results] == ["0", "1"]
+    assert [(r["LOCAL_RANK"], r["LOCAL_WORLD_SIZE"]) for r in results] == [("0", "1"), ("0", "1")]
+    assert {r["WORLD_SIZE"] for r in results} == {"2"}
+    assert {r["MASTER_ADDR"] for r in results} == {"127.0.0.1"}
+    assert len({r["MASTER_PORT"] for r in results}) == 1
+    assert [r["sum"] for r in results] == [3.0, 3.0]
+    assert [r["tensor"].tolist() for r in results] == [[0.0, 0.0], [1.0, 1.0]]
+    assert_nothing_left()
+
+
+def test_each_ranks_output_streams_live_into_the_cell_with_its_rank_as_prefix(monkeypatch):
+    out, err = TimedStream(), TimedStream()
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(sys, "stderr", err)
+
+    @distributed(engine="ray")
+    def talk():
+        rank = os.environ["RANK"]
+        print(f"starting on {rank}", flush=True)
+        print(f"a warning from {rank}", file=sys.stderr, flush=True)
+        subprocess.run(["echo", f"a subprocess of {rank}"], check=True)
+        time.sleep(3)
+        print("done")
+
+    talk.distributed()
+    returned = time.monotonic()
+    text = out.text()
+    for rank in (0, 1):
+        assert f"[rank {rank}] starting on {rank}\n" in text
+        assert f"[rank {rank}] a subprocess of {rank}\n" in text
+        assert f"[rank {rank}] done\n" in text
+        assert f"[rank {rank}] a warning from {rank}\n" in err.text()
+    first = next(t for t, piece in out.pieces if "starting on" in piece)
+    assert returned - first > 2, "output arrived only when the ranks finished, not while they ran"
+    assert_nothing_left()
+
+
+def test_a_failing_rank_raises_one_error_naming_it_and_nothing_is_left_on_any_node():
+    @distributed(engine="ray")
+    def fails_on_rank_1():
+        if os.environ["RANK"] == "1":
+            time.sleep(1)
+            raise ValueError("no shard for rank 1")
+        subprocess.Popen(["sleep", "3171"], start_new_session=True)  # escapes the rank's process group
+        time.sleep(300)
+
+    with pytest.raises(DistributedError) as caught:
+        fails_on_rank_1.distributed()
+    err = caught.value
+    assert err.rank == 1
+    assert str(err).startswith("rank 1 of 2 failed in fails_on_rank_1(): ValueError: no shard for rank 1")
+    assert "in fails_on_rank_1\nValueError: no shard for rank 1" in err.remote_traceback  # (by value: no source line)
+    assert_nothing_left()
+    assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "3171"]]
+
+
+def test_a_rank_whose_process_dies_is_named_with_its_last_output():
+    @distributed(engine="ray")
+    def killed():
+        if os.environ["RANK"] == "1":
+            print("about to be killed", flush=True)
+            time.sleep(0.5)
+            os.kill(os.getpid(), 9)
+        time.sleep(300)
+
+    with pytest.raises(DistributedError) as caught:
+        killed.distributed()
+    err = caught.value
+    assert err.rank == 1
+    assert "rank 1 of 2 died without returning from killed()" in str(err)
+    assert "[rank 1] about to be killed" in str(err)
+    assert_nothing_left()
+
+
+def test_more_ranks_than_the_cluster_holds_are_refused_before_anything_starts():
+    groups_before = len(ray.util.placement_group_table())
+    with pytest.raises(ValueError, match=r"the Ray cluster has no GPU, and 2 CPU\(s\) in all for 3 CPU ranks"):
+        distributed(gpus=3, engine="ray")(lambda: None).distributed()
+    assert len(ray.util.placement_group_table()) == groups_before
+
+
+def test_an_unknown_engine_is_refused_at_decoration():
+    with pytest.raises(ValueError, match=r"engine must be one of \('local', 'ray'\), got 'spark'"):
+        distributed(engine="spark")(lambda: None)
+
+
+def test_without_an_attached_ray_the_error_says_to_call_ray_init():
+    code = "from nbhelpers import distributed\ndistributed(engine='ray')(print).distributed()"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode != 0
+    assert 'call ray.init(address="auto")' in proc.stderr
+
+
+def test_ranks_are_numbered_node_by_node_and_local_rank_indexes_the_nodes_gpus():
+    places = [  # as PACK placed 4 one-GPU bundles on two nodes of 2 GPUs (a GPU cluster, faked)
+        {"node_id": "b", "ip": "10.0.0.2", "gpu_ids": ["3"]},
+        {"node_id": "a", "ip": "10.0.0.1", "gpu_ids": ["1"]},
+        {"node_id": "b", "ip": "10.0.0.2", "gpu_ids": ["2"]},
+        {"node_id": "a", "ip": "10.0.0.1", "gpu_ids": ["0"]},
+    ]
+    layout = rank_layout(places, use_gpu=True)
+    assert [i for i, _ in layout] == [2, 0, 3, 1]  # node b first (bundle 0 is there), then by GPU id
+    assert [env["LOCAL_RANK"] for _, env in layout] == ["0", "1", "0", "1"]
+    assert [env["GROUP_RANK"] for _, env in layout] == ["0", "0", "1", "1"]
+    assert [env["CUDA_VISIBLE_DEVICES"] for _, env in layout] == ["2,3", "2,3", "0,1", "0,1"]
+    assert {env["MASTER_ADDR"] for _, env in layout} == {"10.0.0.2"}
+    assert {env["LOCAL_WORLD_SIZE"] for _, env in layout} == {"2"}
+
+
+def test_the_test_cluster_listens_on_loopback_only():
+    this = psutil.Process()  # the driver (this process) and the nodes' processes, all started from here
+    ray_processes = {this.pid} | {p.pid for p in this.children(recursive=True)}
+    listening = [c for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN and c.pid in ray_processes]
+    assert listening, "found no listening Ray process to check"
+    assert {c.laddr.ip for c in listening} <= {"127.0.0.1", "::ffff:127.0.0.1"}, listening
+
+
+# --- the Ray Train recipes, run as their READMEs say ---------------------------------------------
+
+def run_recipe(recipe: str, args: list, env: dict, output_dir: Path, timeout: int) -> dict:
+    proc = subprocess.run([sys.executable, str(REPO / "recipes" / recipe / "train.py"), *map(str, args),
+                           "--num-workers", "2", "--output-dir", str(output_dir)],
+                          env={**env, **RECIPE_TEST_SETTINGS}, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{recipe} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+    return json.loads((output_dir / "metrics.json").read_text())
+
+
+def test_ray_resnet50_resumes_from_its_last_checkpoint_after_a_worker_is_killed_and_its_loss_falls(ray_cluster, tmp_path):
+    images = make_image_folders(tmp_path / "images", train_per_class=16, val_per_class=4, size=32)
+    metrics = run_recipe("ray_resnet50", [
+        "--data", images, "--weights", "none", "--epochs", 3, "--batch-size", 16, "--image-size", 32,
+        "--loader-workers", 0, "--fail-once-at-epoch", 1,
+    ], ray_cluster, tmp_path / "out", timeout=600)
+    assert metrics["killed_worker"], "the test hook did not kill a worker"
+    epochs = metrics["epochs"]
+    assert [e["epoch"] for e in epochs] == [0, 1, 2], "an epoch ran twice or not at all: not resumed from the checkpoint"
+    # The first worker group trained epoch 0 and died in epoch 1; the second began at epoch 1, from
+    # the checkpoint of epoch 0 (a restart from scratch would report started_at_epoch 0 again).
+    assert [e["started_at_epoch"] for e in epochs] == [0, 1, 1]
+    assert metrics["worker_group_starts"] == [0, 1]
+    assert metrics["world_size"] == 2
+    assert metrics["final_loss"] < 0.95 * metrics["initial_loss"], metrics["losses"]
+    assert all(e["images_per_s"] > 0 and e["epoch_s"] > 0 for e in epochs)
+
+
+def test_ray_qwen2_5_3b_full_fine_tune_lowers_the_loss_on_two_workers(ray_cluster, standin, tmp_path):
+    metrics = run_recipe("ray_qwen2_5_3b", [
+        "--model", standin("qwen2.5-3b"), "--data", REPO / "data" / "alpaca", "--seq-len", 128,
+        "--max-steps", 30, "--lr", 2e-3, "--log-every", 5, "--timing-warmup-steps", 2,
+    ], ray_cluster, tmp_path / "out", timeout=600)
+    assert metrics["world_size"] == 2
+    assert [h["step"] for h in metrics["history"]] == [5, 10, 15, 20, 25, 30]
+    assert metrics["final_loss"] < 0.6 * metrics["initial_loss"], metrics["losses"]
+    assert metrics["tokens_per_s"] > 0
+    saved = Path(metrics["checkpoint"])
+    assert (saved / "config.json").exists() and (saved / "model.safetensors").exists()
