@@ -8,7 +8,8 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_HUB_DISABLE_
   AXOLOTL_DO_NOT_TRACK=1 RAY_USAGE_STATS_ENABLED=0 DO_NOT_TRACK=1 MPLBACKEND=Agg TOKENIZERS_PARALLELISM=false
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # multicast stays off
 mkdir -p /tmp/site
-for tarball in .devsite/*.tar.gz; do [ -e "$tarball" ] && tar xzf "$tarball" -C /tmp/site; done
+for tarball in .devsite/*.tar.gz .devsite-ray/*.tar.gz; do [ -e "$tarball" ] && tar xzf "$tarball" -C /tmp/site; done
+[ -d /tmp/site/bin ] && sed -i "1s|^#!.*python.*$|#!/usr/bin/env python3|" /tmp/site/bin/*  # their shebangs name the packing machine's python
 export PYTHONPATH=$PWD:/tmp/site:${PYTHONPATH:-} PATH=/tmp/site/bin:$PATH
 export RESULTS=/tmp/results
 mkdir -p "$RESULTS"
