@@ -14,7 +14,8 @@ from notebook_cases import NotebookCase
 NOTEBOOK = "notebooks/pytorch/fsdp2_transformer.ipynb"
 SMALL_RUN = {
     "num_gpus": None, "num_layers": 2, "width": 64, "num_heads": 4, "seq_len": 32, "num_samples": 2048,
-    "batch_size": 16, "steps": 12, "warmup_steps": 2, "learning_rate": 0.001, "checkpoint_every": 4,
+    "eval_samples": 64, "batch_size": 16, "steps": 12, "warmup_steps": 2, "learning_rate": 0.001,
+    "checkpoint_every": 4,
 }
 
 pytestmark = pytest.mark.notebook
