@@ -27,7 +27,7 @@ def main(folder: Path) -> dict:
             "val_map_untrained": rn2["untrained_val_map"],
             "val_map_trained": rn2["val_map"],
             "val_map_50_trained": rn2["val_map_50"],
-            "eval_images": rn2["eval_images"],
+            "eval_images": rn2["eval_images_scored"],
             "peak_memory_gib_per_gpu": {"1gpu": [b / GIB for b in rn1["peak_memory_bytes"]],
                                         "2gpu": [b / GIB for b in rn2["peak_memory_bytes"]]},
         },
