@@ -1,9 +1,13 @@
 """Runs a notebook case with papermill and returns its metrics (see notebook_cases.py)."""
 from __future__ import annotations
 
+import atexit
+import importlib.util
 import json
 import operator
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -21,6 +25,24 @@ def declared_parameters(notebook: Path) -> dict:
     return papermill.inspect_notebook(str(notebook))
 
 
+_GENERATED = {}
+
+
+def generated_dataset(name: str) -> Path:
+    """The folder that `data/make_<name>.py`'s `make(out)` writes, made once per test process."""
+    if name not in _GENERATED:
+        script = REPO / "data" / f"make_{name}.py"
+        if not script.is_file():
+            raise KeyError(f"{{dataset:{name}}} needs {script}, which does not exist")
+        spec = importlib.util.spec_from_file_location(f"make_{name}", script)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        out = Path(tempfile.mkdtemp(prefix=f"dataset-{name}-"))
+        atexit.register(shutil.rmtree, out, ignore_errors=True)
+        _GENERATED[name] = Path(module.make(out))
+    return _GENERATED[name]
+
+
 def fill(value, output_dir: Path, standin):
     """Replace the {placeholders} of notebook_cases.py in a parameter value."""
     if not isinstance(value, str):
@@ -36,6 +58,8 @@ def fill(value, output_dir: Path, standin):
             return str(REPO / "data")
         if key.startswith("standin:"):
             return str(standin(key.split(":", 1)[1]))
+        if key.startswith("dataset:"):
+            return str(generated_dataset(key.split(":", 1)[1]))
         raise KeyError(f"unknown placeholder {{{key}}} in a notebook case")
 
     return re.sub(r"\{([a-z_]+(?::[A-Za-z0-9_.\-]+)?)\}", sub, value)

@@ -5,6 +5,7 @@ The runner (`harness.py`) executes each notebook with papermill and these parame
   {output_dir}      a fresh folder for this run (every notebook has an `output_dir` parameter)
   {repo}            the repository root; {data} is {repo}/data
   {standin:NAME}    a tiny offline stand-in model folder (nbhelpers.standins), built once per session
+  {dataset:NAME}    the folder data/make_NAME.py's make(out) writes (defaults), made once per session
 Expectations: metric -> (op, bound), where bound is a number/bool/str, or (other_metric, factor)
 meaning factor * metrics[other_metric]. Dotted metric names reach into nested dicts.
 """
@@ -64,5 +65,41 @@ CASES = [
         },
         timeout=240,
         output_contains=("[rank 0]", "started 0 processes of its own"),
+    ),
+    NotebookCase(
+        # 30 steps of 2 images per rank, from scratch, on the coloured-shapes COCO set at 96 px: the loss
+        # falls (to about 0.78 of its start here); evaluation scores both ranks' detections together
+        # (a meaningful mAP needs the longer GPU run: benchmarks/gpu/pytorch.sh).
+        "notebooks/pytorch/ddp_retinanet.ipynb",
+        parameters={"output_dir": "{output_dir}", "num_gpus": None, "coco_root": "{dataset:detection}",
+                    "min_size": 96, "max_size": 96, "batch_size": 2, "max_steps": 30, "warmup_steps": 4,
+                    "learning_rate": 0.02, "num_workers": 0, "eval_images": 16, "timing_warmup_steps": 2},
+        expect={
+            "world_size": ("==", 2),
+            "final_loss_vs_initial": ("<", 0.88),
+            "eval_images_scored": ("==", 16),
+            "images_per_s": (">", 0),
+        },
+        timeout=240,
+        output_contains=("[rank 0]",),
+    ),
+    NotebookCase(
+        # The real ~13M-parameter model, 2 CPU processes: every parameter sharded 1/2; the loss falls;
+        # the final checkpoint, loaded unsharded in the notebook's process, predicts what the sharded model did.
+        "notebooks/pytorch/fsdp2_transformer.ipynb",
+        parameters={"output_dir": "{output_dir}", "num_gpus": None, "seq_len": 32, "batch_size": 8,
+                    "num_samples": 4096, "eval_samples": 64, "steps": 12, "warmup_steps": 4, "learning_rate": 0.001,
+                    "checkpoint_every": 6},
+        expect={
+            "world_size": ("==", 2),
+            "num_parameters": (">", 12_000_000),
+            "every_param_sharded_1_over_world": ("==", True),
+            "final_loss_vs_initial": ("<", 0.6),
+            "checkpoints": ("==", ["step_6", "step_12"]),
+            "unsharded_checkpoint": ("==", "step_12"),
+            "unsharded_vs_sharded_max_logit_diff": ("<", 1e-4),
+        },
+        timeout=240,
+        output_contains=("[rank 0]",),
     ),
 ]
