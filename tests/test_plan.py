@@ -48,8 +48,23 @@ def test_ddp_and_zero_terms_are_the_bytes_per_parameter_of_mixed_precision():
     assert bytes_of(ddp, "gradients") == pytest.approx(4 * p)  # fp32
     assert bytes_of(ddp, "optimizer") == pytest.approx(12 * p)  # fp32 master + Adam m and v
     assert bytes_of(zero1, "optimizer") == pytest.approx(12 * p / 2)  # sharded over 2 GPUs
-    assert bytes_of(zero1, "gradients") == pytest.approx(2 * p + 2 * p)  # full bf16 grads + reduce bucket (> p)
-    assert bytes_of(zero2, "gradients") == pytest.approx(2 * p / 2 + 2 * p)  # sharded grads + bucket
+    bucket = 2 * 5e8  # DeepSpeed's reduce buffer: reduce_bucket_size bf16 elements, allocated at full size
+    assert bytes_of(zero1, "gradients") == pytest.approx(2 * p + bucket)  # full bf16 grads
+    assert bytes_of(zero2, "gradients") == pytest.approx(2 * p / 2 + bucket)  # sharded bf16 grads
+    assert bytes_of(ddp, "gradients_held") == pytest.approx(4 * p)  # DDP's buckets exist before backward
+    assert bytes_of(zero2, "gradients_held") == 0  # ZeRO-1/2 allocate theirs during backward
+
+
+def test_terms_at_the_peak_add_up_to_the_total():
+    for estimate in plan("llama-3.2-1b", gpus=2, gpu_memory_gib=79.6, micro_batch=4).estimates:
+        assert sum(estimate.at_peak().values()) == pytest.approx(estimate.total)
+
+
+def test_one_gpu_needs_no_ddp_buckets():
+    one = plan(LlamaConfig(**TINY_LLAMA), gpus=1, gpu_memory_gib=80).estimate("ddp")
+    two = plan(LlamaConfig(**TINY_LLAMA), gpus=2, gpu_memory_gib=80).estimate("ddp")
+    assert one.gradients_held == 0 < two.gradients_held
+    assert one.total < two.total
 
 
 def test_pure_bf16_keeps_two_byte_adam_states_and_no_master():
@@ -164,7 +179,7 @@ def test_recommends_zero2_when_only_optimizer_sharding_is_needed():
 
 
 def test_recommends_fsdp_when_parameters_must_be_sharded_too():
-    result = plan("qwen3-8b", gpus=2, gpu_memory_gib=79.6)
+    result = plan("gpt-oss-20b", gpus=8, gpu_memory_gib=79.6)
     assert not result.fits("zero2") and not result.fits("zero1") and result.recommended == "fsdp"
 
 
