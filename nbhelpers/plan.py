@@ -366,6 +366,8 @@ def plan(model, gpus: int = 1, gpu_memory_gib: float = 80.0, precision: str = "b
          checkpointing: bool = False, attention: str | None = None, suggest: bool = True) -> Plan:
     """Estimate per-GPU memory of each technique and pick one (see the module docstring for the model).
 
+    model: a stand-in name, hub id, model folder, transformers config or built model, or the (name, model)
+    pair `load_model` returns (to plan one model many times without rebuilding it).
     gpu_memory_gib: what one GPU reports (an "80 GB" H100 has 79.6 GiB, a "141 GB" H200 140.4 GiB).
     lora_rank: None for a full fine-tune. attention: "sdpa" (also flash/flex: no s^2 term) or "eager";
     default: what transformers picks for the model (eager for GPT-OSS, sdpa for the others).
