@@ -243,5 +243,11 @@ def test_estimate_is_within_20_percent_of_the_measured_peak(measured):
     peak = measured["measured_max_allocated_gib"]
     assert abs(estimate.allocated / peak - 1) <= TOLERANCE, (
         f"estimate {estimate.allocated:.1f} GiB vs measured {peak:.1f} GiB ({estimate.allocated / peak - 1:+.0%})")
-    # and the allowance covers what the allocator reserves and the CUDA context/NCCL take
-    assert estimate.total >= measured["measured_device_used_gib"] * (1 - TOLERANCE)
+    # The planned total covers the measured allocated peak plus the CUDA context and NCCL (device used -
+    # reserved). Not the reserved peak itself: on a roomy GPU the caching allocator keeps freed blocks (FSDP2
+    # with checkpointing reserved 1.8x what it allocated), but under memory pressure it frees them and retries
+    # before it raises out-of-memory, so what must fit is the allocated peak.
+    rank = max(measured["ranks"], key=lambda r: r["max_allocated"])
+    context_gib = (rank["device_used"] - rank["max_reserved"]) / 2**30
+    assert estimate.total >= peak + context_gib, (
+        f"planned total {estimate.total:.1f} GiB < measured {peak:.1f} GiB allocated + {context_gib:.1f} GiB context")
