@@ -1,0 +1,486 @@
+"""Will this fine-tune fit, and with which technique? A per-GPU memory planner.
+
+    from nbhelpers.plan import plan
+    plan("llama-3.1-8b", gpus=8, gpu_memory_gib=79.6, seq_len=2048, micro_batch=1)
+    plan("gpt-oss-120b", gpus=8, gpu_memory_gib=140.4, lora_rank=16)   # MoE: every expert counted
+    python -m nbhelpers.plan qwen3-8b --gpus 2 --gpu-memory 140.4 --micro-batch 4
+
+The model is a stand-in name (nbhelpers.standins.ARCHS: the published configs, so it works offline), a hub
+id, a local folder with config.json, a transformers config or a built model. It is built on the meta
+device (shapes only, no memory). Per GPU and per technique the estimate is
+
+    total = parameters + optimizer states
+            + max(gradients held before backward + activations,   # peak at the start of backward
+                  all gradients + optimizer-step temporaries)      # or peak in the optimizer step
+            + allowance
+
+Activations are freed layer by layer while gradients are produced, so the two sides of the max are the
+memory at the start of backward and at the optimizer step; `peak_at` says which one wins.
+
+Bytes per parameter (P trainable parameters, N GPUs; "bf16-mixed" is bf16 compute with fp32 master
+weights and fp32 Adam states, "bf16" is pure bf16 with bf16 Adam states). As in the ZeRO paper, the
+fp32 master weights are counted with the optimizer states (DDP and FSDP2 keep them as the module's own
+fp32 weights and cast to bf16 on the fly):
+
+    technique (implementation assumed)         parameters        gradients [held before backward]   optimizer  step temporaries
+    ddp   DDP, torch.autocast on fp32 weights   2P (bf16 casts)   4P DDP buckets [all]               12P        4P .grad + 4P Adam
+          (1 GPU: plain training, no DDP)                         4P [none]                                     4P Adam
+    zero1 DeepSpeed ZeRO-1, bf16: true          2P                2P + bucket [none]                 12P/N      4P/N fp32 grad + 4P/N Adam
+    zero2 DeepSpeed ZeRO-2, bf16: true          2P                2P/N + bucket [none]               12P/N      4P/N + 4P/N
+    fsdp  FSDP2 fully_shard per decoder layer,  gathered units    4P/N + 6 bytes x one layer's       12P/N      4P/N Adam
+          MixedPrecisionPolicy(bf16, fp32)                        unsharded grads [the layer part]
+    zero3 DeepSpeed ZeRO-3, bf16: true          2P/N + gathered   2P/N + bucket [all]                12P/N      4P/N + 4P/N
+    (pure bf16: weights, gradients, Adam states and the temporaries are all 2 bytes: 2P, 2P, 4P, 2P+2P)
+
+"gathered" is the bf16 copy of the units being computed: FSDP2 keeps the root unit (embeddings, final
+norm, lm_head) unsharded for the whole step and gathers ~2 decoder layers at a time (current and
+prefetched); ZeRO-3 holds the largest module plus a prefetched layer. "bucket" is DeepSpeed's gradient
+reduction buffer (reduce_bucket_size 5e8 elements, bf16: 0.93 GiB). "Adam" temporaries are torch.optim.AdamW's
+(foreach) sqrt(v) buffer. LoRA: the frozen base weights are bf16 (2 bytes, sharded by fsdp/zero3 only);
+only the adapters have gradients and optimizer states.
+
+Activations (per GPU: micro_batch x seq_len tokens; every technique here is data parallel). This is the
+per-layer count of Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models"
+(2022), redone for the tensors Hugging Face decoders save for backward. Their GPT layer stores
+s*b*h*(34 + 5*a*s/h) bytes: 11sbh + 5as^2b for attention, 19sbh for a 4h GeLU MLP, 4sbh for two
+LayerNorms, dropout masks included. Per token and layer, in bytes (h hidden, a query heads, k kv heads,
+d head dim, f MLP width, s sequence length), for a bf16 model:
+  RMSNorm over w features    6w (+4 for 1/rms): an fp32 copy of the input (4w) and the bf16 normalised
+                             value the weight's gradient needs (2w); Olmo/GPT-OSS norms multiply in fp32,
+                             keeping 4w instead: 8w
+  inputs of the linears      2h for the attention projections + 2h for the MLP (its norm's output)
+  attention, SDPA/flash      2d(a + 2k) for q, k, v at their own head counts (GQA is native), 4a for the
+                             logsumexp; no s^2 term, flash kernels do not store the attention matrix
+  attention, eager           q, k and v repeated to a heads (6ad) and the softmax: 4as fp32 + 2as bf16
+                             copy, or for GPT-OSS (with sinks) 2a(s+1) + 8a (max indices)
+  attention output           2ad (the o_proj input; the same storage SDPA keeps)
+  SwiGLU MLP                 8f: gate output, SiLU output, up output, their product (no dropout)
+  GPT-OSS MoE (grouped_mm)   router 10k' + per routed expert (k' = top-k) 4h + 14f + 35: the gathered
+                             input, gate/up output, clamp/sigmoid/GLU intermediates, down output, indices
+  qk-norm                    Qwen3 per head over d, Olmo3 over the full q and k width (RMSNorm above)
+Under torch.autocast on fp32 weights (DDP bf16-mixed, full fine-tune) the residual stream is fp32: norms
+keep 4w, and every linear saves its own bf16 cast of its input (5 casts of 2h per layer instead of 2).
+These match the bytes autograd saves (tests/test_plan.py counts them with saved-tensor hooks).
+The loss head adds, per token: the final norm, the lm_head input and 12*vocab bytes: transformers upcasts
+the logits to fp32 for the cross-entropy, and at the start of backward the saved log-softmax (4V), its
+gradient (4V) and the logits' gradient (4V) coexist with every layer's activations. For vocabularies of
+128k-200k tokens this is often the largest single term (a fused/chunked cross-entropy removes it).
+Full activation checkpointing keeps each layer's input (2h, or 4h fp32 under autocast) plus one layer
+recomputed during backward; the loss head is not checkpointed.
+
+Allowance: 1.5 GiB (CUDA context, cuBLAS and NCCL workspaces, not seen by torch's allocator) plus 10 %
+of the estimate (allocator fragmentation: reserved above allocated).
+
+Validated against measured peaks on 2x H200 in benchmarks/results/planner/ (see benchmarks/gpu/planner.md).
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+GIB = 2**30
+TECHNIQUES = ("ddp", "zero1", "zero2", "fsdp", "zero3")
+LABELS = {"ddp": "DDP", "zero1": "DeepSpeed ZeRO-1", "zero2": "DeepSpeed ZeRO-2", "fsdp": "FSDP2 (ZeRO-3)",
+          "zero3": "DeepSpeed ZeRO-3"}
+PRECISIONS = ("bf16-mixed", "bf16")
+CONTEXT_GIB = 1.5  # CUDA context + cuBLAS/NCCL workspaces: outside torch's allocator
+FRAGMENTATION = 0.10  # reserved above allocated
+DEEPSPEED_REDUCE_BUCKET = 5e8  # elements; DeepSpeed's reduce_bucket_size default
+DEEPSPEED_PREFETCH = 5e7  # elements; stage3_prefetch_bucket_size default
+LORA_ALL_LINEAR = "all-linear"
+
+
+# --------------------------------------------------------------------------------------------------
+# The model: built on the meta device, parameters counted
+# --------------------------------------------------------------------------------------------------
+def load_model(model) -> tuple[str, torch.nn.Module]:
+    """(name, model on the meta device) from a stand-in name, local folder, hub id, config or built model."""
+    from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
+
+    from nbhelpers import standins
+
+    if isinstance(model, torch.nn.Module):
+        return getattr(model.config, "name_or_path", "") or type(model).__name__, model
+    if isinstance(model, PretrainedConfig):
+        name, config = getattr(model, "name_or_path", "") or model.model_type, model
+    elif not isinstance(model, (str, Path)):
+        raise TypeError(f"model must be a stand-in name, hub id, folder, transformers config or model, not {type(model).__name__}")
+    elif str(model) in standins.ARCHS:
+        name, config = str(model), standins.config(str(model), "full")
+    elif Path(model).is_dir():
+        if not (Path(model) / "config.json").exists():
+            raise ValueError(f"{model} is a folder without config.json; point at a model folder (config.json is enough)")
+        name, config = str(model), AutoConfig.from_pretrained(model)
+    else:
+        try:
+            name, config = str(model), AutoConfig.from_pretrained(model)
+        except Exception as error:  # offline, unknown id, gated repo: all end here
+            like = [arch for arch in standins.ARCHS if arch in str(model).lower()]
+            hint = (f"use the offline stand-in with the same published config: plan({like[0]!r}, ...)" if like else
+                    f"known offline stand-ins: {', '.join(standins.ARCHS)}")
+            raise ValueError(f"cannot load the config of {model!r} ({type(error).__name__}: {str(error)[:160]}). "
+                             f"No model hub here? {hint}") from None
+    with torch.device("meta"):
+        return name, AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+
+
+def decoder_layers(model) -> torch.nn.ModuleList:
+    depth = model.config.num_hidden_layers
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == depth:
+            return module
+    raise ValueError(f"{type(model).__name__}: no list of {depth} decoder layers found")
+
+
+def lora_parameters(module: torch.nn.Module, rank: int, targets) -> int:
+    """Adapter parameters LoRA adds to `module`: rank*(in+out) per targeted linear, rank*E*(in+out) per 3-D
+    expert tensor (peft `target_parameters`). targets: "all-linear" or names (last name part or a suffix)."""
+    count = 0
+    for name, sub in module.named_modules():
+        if isinstance(sub, torch.nn.Linear) and not name.endswith("lm_head") and (
+                targets == LORA_ALL_LINEAR or any(name == t or name.endswith("." + t) for t in targets)):
+            count += rank * (sub.in_features + sub.out_features)
+    if targets != LORA_ALL_LINEAR:
+        for name, parameter in module.named_parameters():
+            if parameter.ndim == 3 and any(name == t or name.endswith("." + t) for t in targets):
+                experts, fan_in, fan_out = parameter.shape
+                count += rank * experts * (fan_in + fan_out)
+    return count
+
+
+@dataclass
+class Counts:
+    total: int  # unique parameters (tied embeddings once); MoE: every expert
+    trainable: int  # total for a full fine-tune, the adapters for LoRA
+    frozen: int  # the base weights under LoRA, else 0
+    layer: int  # parameters of the largest decoder layer (a sharding unit)
+    root: int  # everything outside the decoder layers (embeddings, final norm, lm_head)
+    largest_root_module: int  # the largest of those modules (embedding or lm_head)
+
+
+def count_parameters(model, lora_rank: int | None = None, lora_targets=LORA_ALL_LINEAR) -> Counts:
+    layers = decoder_layers(model)
+    total = sum(p.numel() for p in model.parameters())
+    layer = max(sum(p.numel() for p in block.parameters()) for block in layers)
+    in_layers = {id(p) for p in layers.parameters()}
+    root_modules = [sum(p.numel() for p in m.parameters(recurse=False) if id(p) not in in_layers)
+                    for m in model.modules()]
+    root = total - sum(p.numel() for p in layers.parameters())
+    trainable, frozen = total, 0
+    if lora_rank:
+        if isinstance(lora_targets, str) and lora_targets != LORA_ALL_LINEAR:
+            lora_targets = [lora_targets]
+        trainable, frozen = lora_parameters(model, lora_rank, lora_targets), total
+        if trainable == 0:
+            names = sorted({n.rsplit(".", 1)[-1] for n, m in layers[0].named_modules() if isinstance(m, torch.nn.Linear)})
+            raise ValueError(f"LoRA targets {lora_targets!r} match no linear layer or expert tensor; "
+                             f"the decoder layers' linears are {names}")
+    return Counts(total, trainable, frozen, layer, root, max(root_modules))
+
+
+# --------------------------------------------------------------------------------------------------
+# Activations (formula and its derivation: module docstring)
+# --------------------------------------------------------------------------------------------------
+def activation_bytes_per_token(config, seq_len: int, attention: str, fp32_residual: bool = False) -> dict:
+    """Bytes saved for backward per token: {"layer": one decoder layer, "head": final norm + loss head at
+    its peak, "checkpoint": what a checkpointed layer keeps}."""
+    model_type = config.model_type
+    h, a = config.hidden_size, config.num_attention_heads
+    k = getattr(config, "num_key_value_heads", None) or a
+    d = getattr(config, "head_dim", None) or h // a
+    f, vocab = config.intermediate_size, config.vocab_size
+    fp32_norms = fp32_residual or model_type in ("olmo2", "olmo3", "gpt_oss")  # weight * fp32 normalised
+
+    def norm(width, vectors=1):  # fp32 input copy + normalised value for the weight's grad + 1/rms
+        return (4 + (4 if fp32_norms else 2)) * width + 4 * vectors
+
+    moe = getattr(config, "num_local_experts", 0) or 0
+    top_k = getattr(config, "num_experts_per_tok", 0) or 0
+    layer = 2 * norm(h)
+    layer += 2 * h * (5 if fp32_residual and not moe else 2)  # inputs of the linears: a bf16 cast each under autocast
+    if model_type == "qwen3":  # per-head RMSNorm on q and k
+        layer += norm(d) * (a + k)
+    elif model_type in ("olmo2", "olmo3"):  # RMSNorm over the full q and k widths
+        layer += norm(a * d) + norm(k * d)
+    if attention == "eager":
+        layer += 6 * a * d  # q and k, v repeated to every query head
+        layer += 2 * a * (seq_len + 1) + 8 * a if model_type == "gpt_oss" else 6 * a * seq_len
+    else:
+        layer += 2 * d * (a + 2 * k) + 4 * a
+        window = getattr(config, "sliding_window", None)
+        if window and seq_len > window and getattr(config, "use_sliding_window", True):  # SDPA gets a mask
+            layer += 2 * seq_len * _sliding_fraction(config)
+    layer += 2 * a * d  # attention output, the o_proj input
+    layer += 10 * top_k + top_k * (4 * h + 14 * f + 35) if moe else 8 * f
+    head = norm(h) + 2 * h + 12 * vocab
+    return {"layer": layer, "head": head, "checkpoint": (4 if fp32_residual else 2) * h}
+
+
+def _sliding_fraction(config) -> float:
+    types = getattr(config, "layer_types", None)
+    return sum(t == "sliding_attention" for t in types) / len(types) if types else 1.0
+
+
+def activation_bytes(config, seq_len: int, micro_batch: int, checkpointing: bool, attention: str,
+                     fp32_residual: bool = False) -> int:
+    per_token = activation_bytes_per_token(config, seq_len, attention, fp32_residual)
+    depth = config.num_hidden_layers
+    if checkpointing:  # every layer's input, then one layer recomputed while the head is gone
+        per = depth * per_token["checkpoint"] + max(per_token["head"], per_token["layer"])
+    else:
+        per = depth * per_token["layer"] + per_token["head"]
+    return int(per * seq_len * micro_batch)
+
+
+# --------------------------------------------------------------------------------------------------
+# Parameters, gradients, optimizer states per technique (table: module docstring)
+# --------------------------------------------------------------------------------------------------
+def state_bytes(technique: str, counts: Counts, gpus: int, precision: str) -> dict:
+    """Bytes per GPU: parameters, optimizer (states incl. fp32 master), gradients (at the end of backward),
+    gradients_held (the part allocated before backward starts) and temporaries (optimizer step only)."""
+    n, trainable, frozen = gpus, counts.trainable, counts.frozen
+    mixed = precision == "bf16-mixed"
+    optimizer = (12 if mixed else 4) * trainable  # fp32 master + Adam m, v  |  bf16 m, v
+    adam_temp = (4 if mixed else 2) * trainable  # foreach AdamW's sqrt(v)
+    fp32_grad = 4 * trainable if mixed else 0  # DeepSpeed upcasts its bf16 gradient partition for the step
+    bucket = 2 * DEEPSPEED_REDUCE_BUCKET  # DeepSpeed's bf16 reduce buffer, allocated at full size
+    layer_trainable = counts.layer if not frozen else trainable * counts.layer / max(counts.total, 1)
+    if technique == "ddp":
+        grad = (4 if mixed else 2) * trainable
+        if n == 1:  # one GPU needs no DDP: no buckets, gradients appear during backward
+            return {"parameters": 2 * (trainable + frozen), "gradients": grad, "gradients_held": 0,
+                    "optimizer": optimizer, "temporaries": adam_temp}
+        # DDP's all-reduce buckets are allocated at wrap time; the .grad tensors beside them during backward
+        return {"parameters": 2 * (trainable + frozen), "gradients": grad, "gradients_held": grad,
+                "optimizer": optimizer, "temporaries": grad + adam_temp}
+    if technique in ("zero1", "zero2"):
+        grad = 2 * trainable / (n if technique == "zero2" else 1) + bucket
+        return {"parameters": 2 * (trainable + frozen), "gradients": grad, "gradients_held": 0,
+                "optimizer": optimizer / n, "temporaries": (fp32_grad + adam_temp) / n}
+    if technique == "fsdp":
+        gathered = 2 * (counts.root + 2 * counts.layer)  # root unit stays unsharded; current + prefetched layer
+        stored = 2 * (frozen + (0 if mixed else trainable)) / n  # mixed: the fp32 shards are the master weights
+        unsharded = (6 if mixed else 2) * layer_trainable  # a layer's bf16 grads (+ fp32 copy to reduce-scatter)
+        return {"parameters": stored + gathered, "gradients": (4 if mixed else 2) * trainable / n + unsharded,
+                "gradients_held": unsharded, "optimizer": optimizer / n, "temporaries": adam_temp / n}
+    if technique == "zero3":
+        gathered = 2 * (max(counts.largest_root_module, counts.layer) + min(DEEPSPEED_PREFETCH, counts.layer))
+        grad = 2 * trainable / n + bucket  # both allocated when the engine is built
+        return {"parameters": 2 * (trainable + frozen) / n + gathered, "gradients": grad, "gradients_held": grad,
+                "optimizer": optimizer / n, "temporaries": (fp32_grad + adam_temp) / n}
+    raise ValueError(f"technique must be one of {TECHNIQUES}, not {technique!r}")
+
+
+# --------------------------------------------------------------------------------------------------
+# The plan
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class Estimate:
+    technique: str
+    parameters: float  # GiB per GPU, each term
+    gradients: float
+    optimizer: float
+    activations: float
+    temporaries: float  # optimizer step only: never alive together with the activations
+    allowance: float
+    total: float
+    fits: bool
+    gradients_held: float  # the part of `gradients` already allocated when backward starts
+    peak_at: str  # "backward" (activations) or "optimizer step" (gradients + temporaries)
+
+    @property
+    def allocated(self) -> float:
+        """What torch.cuda.max_memory_allocated should show: the total without the allowance."""
+        return self.total - self.allowance
+
+    def at_peak(self) -> dict:
+        """The terms alive at the peak, in GiB; they add up to `total`."""
+        backward = self.peak_at == "backward"
+        return {"parameters": self.parameters, "optimizer": self.optimizer,
+                "gradients": self.gradients_held if backward else self.gradients,
+                "activations": self.activations if backward else 0.0,
+                "step temporaries": 0.0 if backward else self.temporaries, "allowance": self.allowance}
+
+
+@dataclass
+class Plan:
+    model: str
+    parameters: int
+    trainable: int
+    gpus: int
+    gpu_memory_gib: float
+    precision: str
+    fine_tune: str  # "full" or "LoRA r=..."
+    seq_len: int
+    micro_batch: int
+    checkpointing: bool
+    attention: str
+    estimates: list[Estimate]
+    recommended: str | None  # a key of TECHNIQUES, or None when nothing fits
+    advice: str
+    suggestions: list[str] = field(default_factory=list)
+
+    def estimate(self, technique: str) -> Estimate:
+        return next(e for e in self.estimates if e.technique == technique)
+
+    def fits(self, technique: str) -> bool:
+        return self.estimate(technique).fits
+
+    def rows(self) -> list[dict]:
+        """One dict per technique (for pandas), with the plan's inputs."""
+        head = {"model": self.model, "gpus": self.gpus, "gpu_memory_gib": self.gpu_memory_gib,
+                "fine_tune": self.fine_tune, "precision": self.precision, "seq_len": self.seq_len,
+                "micro_batch": self.micro_batch, "checkpointing": self.checkpointing}
+        return [{**head, **asdict(e), "recommended": e.technique == self.recommended} for e in self.estimates]
+
+    def to_dict(self) -> dict:
+        return {**{k: v for k, v in asdict(self).items() if k != "estimates"},
+                "estimates": {e.technique: asdict(e) for e in self.estimates}}
+
+    def table(self) -> str:
+        lines = [f"{self.model}: {self.parameters / 1e9:.2f} B parameters, {self.fine_tune} fine-tune "
+                 f"({self.trainable / 1e9:.3g} B trainable), {self.precision}",
+                 f"{self.gpus} GPU{'s' if self.gpus > 1 else ''} x {self.gpu_memory_gib:g} GiB, {self.micro_batch} x "
+                 f"{self.seq_len} tokens per GPU, {'activation checkpointing' if self.checkpointing else 'no checkpointing'}, "
+                 f"{self.attention} attention",
+                 f"{'GiB per GPU':18s} {'params':>7s} {'grads':>7s} {'optim':>7s} {'activ':>7s} {'step tmp':>8s} "
+                 f"{'allow':>7s} {'total':>7s}  fits  peak at"]
+        for e in self.estimates:
+            label = "1 GPU, no DDP" if e.technique == "ddp" and self.gpus == 1 else LABELS[e.technique]
+            lines.append(f"{label:18s} {e.parameters:7.1f} {e.gradients:7.1f} {e.optimizer:7.1f} "
+                         f"{e.activations:7.1f} {e.temporaries:8.1f} {e.allowance:7.1f} {e.total:7.1f}  "
+                         f"{'yes ' if e.fits else 'no  '}  {e.peak_at}"
+                         f"{'  <- recommended' if e.technique == self.recommended else ''}")
+        lines.append(self.advice)
+        lines += [f"  - {s}" for s in self.suggestions]
+        return "\n".join(lines)
+
+    __repr__ = __str__ = table
+
+
+def plan(model, gpus: int = 1, gpu_memory_gib: float = 80.0, precision: str = "bf16-mixed",
+         lora_rank: int | None = None, lora_targets=LORA_ALL_LINEAR, seq_len: int = 2048, micro_batch: int = 1,
+         checkpointing: bool = False, attention: str | None = None, suggest: bool = True) -> Plan:
+    """Estimate per-GPU memory of each technique and pick one (see the module docstring for the model).
+
+    model: a stand-in name, hub id, model folder, transformers config or built model, or the (name, model)
+    pair `load_model` returns (to plan one model many times without rebuilding it).
+    gpu_memory_gib: what one GPU reports (an "80 GB" H100 has 79.6 GiB, a "141 GB" H200 140.4 GiB).
+    lora_rank: None for a full fine-tune. attention: "sdpa" (also flash/flex: no s^2 term) or "eager";
+    default: what transformers picks for the model (eager for GPT-OSS, sdpa for the others).
+    """
+    if not isinstance(gpus, int) or gpus < 1:
+        raise ValueError(f"gpus must be a whole number >= 1, not {gpus!r}")
+    if not gpu_memory_gib or gpu_memory_gib <= CONTEXT_GIB:
+        raise ValueError(f"gpu_memory_gib must be the memory of one GPU in GiB (e.g. 79.6 for an 80 GB H100), not {gpu_memory_gib!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
+    if seq_len < 1 or micro_batch < 1:
+        raise ValueError(f"seq_len and micro_batch must be >= 1 (got {seq_len}, {micro_batch})")
+    if lora_rank is not None and lora_rank < 1:
+        raise ValueError(f"lora_rank must be >= 1, or None for a full fine-tune (got {lora_rank})")
+    name, meta_model = model if isinstance(model, tuple) else load_model(model)
+    config = meta_model.config
+    attention = attention or ("eager" if config._attn_implementation == "eager" else "sdpa")
+    if attention not in ("sdpa", "flash", "flex", "eager"):
+        raise ValueError(f"attention must be 'sdpa', 'flash', 'flex' or 'eager', not {attention!r}")
+    attention = "eager" if attention == "eager" else "sdpa"
+    counts = count_parameters(meta_model, lora_rank, lora_targets)
+
+    estimates = []
+    for technique in TECHNIQUES:
+        terms = state_bytes(technique, counts, gpus, precision)
+        fp32_residual = technique == "ddp" and precision == "bf16-mixed" and not lora_rank  # autocast on fp32 weights
+        terms["activations"] = activation_bytes(config, seq_len, micro_batch, checkpointing, attention, fp32_residual)
+        backward = terms["gradients_held"] + terms["activations"]
+        step = terms["gradients"] + terms["temporaries"]
+        allocated = terms["parameters"] + terms["optimizer"] + max(backward, step)
+        allowance = CONTEXT_GIB * GIB + FRAGMENTATION * allocated
+        total = (allocated + allowance) / GIB
+        estimates.append(Estimate(technique, **{key: value / GIB for key, value in terms.items()},
+                                  allowance=allowance / GIB, total=total, fits=total <= gpu_memory_gib,
+                                  peak_at="backward" if backward >= step else "optimizer step"))
+
+    fitting = {e.technique for e in estimates if e.fits}
+    order = ["ddp"] if gpus == 1 else ["ddp", "zero2", "zero1", "fsdp", "zero3"]  # sharding needs >= 2 GPUs
+    recommended = next((t for t in order if t in fitting), None)
+    advice = _advice(recommended, fitting, gpus, {e.technique: e for e in estimates}, gpu_memory_gib)
+    result = Plan(name, counts.total, counts.trainable, gpus, gpu_memory_gib, precision,
+                  f"LoRA r={lora_rank}" if lora_rank else "full", seq_len, micro_batch, checkpointing, attention,
+                  estimates, recommended, advice)
+    if suggest and recommended is None:
+        result.suggestions = _suggestions((name, meta_model), result, lora_targets)
+    return result
+
+
+def _advice(recommended, fitting, gpus, estimates, memory) -> str:
+    if recommended is None:
+        return f"fits nowhere: no technique fits {gpus} x {memory:g} GiB; use LoRA, more GPUs or CPU offload:"
+    spare = memory - estimates[recommended].total
+    why = {"ddp": "the whole training state fits on every GPU, so plain data parallelism (fastest, simplest)"
+                  if gpus > 1 else "it fits one GPU: plain single-GPU training, nothing to distribute",
+           "zero2": "DDP does not fit; sharding the optimizer states and gradients (ZeRO-2) does, at DDP's "
+                    "communication cost" + (" (ZeRO-1 fits too)" if "zero1" in fitting else ""),
+           "zero1": "DDP does not fit; sharding the optimizer states (ZeRO-1) does",
+           "fsdp": "only sharding the parameters too fits: FSDP2"
+                   + (" (or DeepSpeed ZeRO-3, which fits as well)" if "zero3" in fitting else ""),
+           "zero3": "only DeepSpeed ZeRO-3 fits (FSDP2's larger gathered units do not)"}[recommended]
+    label = "single GPU (no DDP)" if gpus == 1 else LABELS[recommended]
+    return f"recommended: {label}, {estimates[recommended].total:.1f} of {memory:g} GiB " \
+           f"({spare:.1f} GiB spare): {why}."
+
+
+def _suggestions(model, failed: Plan, lora_targets) -> list[str]:
+    """What would fit instead: checkpointing, LoRA, more GPUs (each at the fewest GPUs that fit), offload."""
+    kwargs = dict(gpus=failed.gpus, gpu_memory_gib=failed.gpu_memory_gib, precision=failed.precision,
+                  lora_rank=int(failed.fine_tune.split("=")[1]) if failed.fine_tune != "full" else None,
+                  lora_targets=lora_targets, seq_len=failed.seq_len, micro_batch=failed.micro_batch,
+                  checkpointing=failed.checkpointing, attention=failed.attention, suggest=False)
+    counts = [failed.gpus] + [g for g in (2, 4, 8, 16, 32, 64, 128, 256) if g > failed.gpus]
+    alternatives = [("more GPUs", {})]
+    if not failed.checkpointing:
+        alternatives.insert(0, ("activation checkpointing", {"checkpointing": True}))
+    if failed.fine_tune == "full":
+        alternatives.insert(1, ("LoRA r=16 on all linear layers", {"lora_rank": 16, "lora_targets": LORA_ALL_LINEAR}))
+    found = []
+    for what, change in alternatives:
+        alternative = next((p for p in (plan(model, **{**kwargs, **change, "gpus": g}) for g in counts)
+                            if p.recommended), None)
+        if alternative:
+            e = alternative.estimate(alternative.recommended)
+            where = "" if alternative.gpus == failed.gpus else f" on {alternative.gpus} GPUs"
+            what = f"{alternative.gpus} GPUs" if not change else what + where
+            found.append(f"{what}: {LABELS[e.technique]} fits ({e.total:.1f} GiB per GPU)")
+        elif not change:
+            found.append(f"more GPUs alone do not help (up to {counts[-1]}): activations are "
+                         f"{failed.estimate('zero3').activations:.1f} GiB per GPU; lower micro_batch or seq_len")
+    zero3 = failed.estimate("zero3")
+    offloaded = zero3.total - (zero3.optimizer + zero3.temporaries) * (1 + FRAGMENTATION)
+    if offloaded <= failed.gpu_memory_gib:
+        found.append(f"optimizer states in CPU memory (ZeRO-3 offload_optimizer / FSDP2 CPUOffloadPolicy): "
+                     f"about {offloaded:.1f} GiB per GPU, slower steps")
+    return found
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m nbhelpers.plan", description=__doc__.split("\n")[0])
+    parser.add_argument("model", help="stand-in name, hub id or model folder")
+    parser.add_argument("--gpus", type=int, default=1)
+    parser.add_argument("--gpu-memory", type=float, default=79.6, help="GiB per GPU (80 GB H100: 79.6, H200: 140.4)")
+    parser.add_argument("--precision", choices=PRECISIONS, default="bf16-mixed")
+    parser.add_argument("--lora-rank", type=int, default=None)
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--micro-batch", type=int, default=1)
+    parser.add_argument("--checkpointing", action="store_true")
+    parser.add_argument("--attention", choices=("sdpa", "eager"), default=None)
+    args = parser.parse_args(argv)
+    print(plan(args.model, gpus=args.gpus, gpu_memory_gib=args.gpu_memory, precision=args.precision,
+               lora_rank=args.lora_rank, seq_len=args.seq_len, micro_batch=args.micro_batch,
+               checkpointing=args.checkpointing, attention=args.attention))
+
+
+if __name__ == "__main__":
+    main()

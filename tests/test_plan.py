@@ -1,0 +1,253 @@
+"""nbhelpers.plan: hand-counted parameter and optimizer terms, the activation formula against the bytes
+autograd really saves, clear answers to bad inputs, and the estimates against measured GPU peaks."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import GptOssConfig, LlamaConfig
+
+from nbhelpers import standins
+from nbhelpers.plan import GIB, activation_bytes_per_token, count_parameters, load_model, plan
+
+REPO = Path(__file__).resolve().parents[1]
+# Written by benchmarks/gpu/planner.sh on the 2x H200 machine; the lead copies them here.
+GPU_MEASUREMENTS = REPO / "benchmarks" / "results" / "planner"
+TOLERANCE = 0.20  # the issue's goal: every estimate within +-20 % of the measured peak
+
+TINY_LLAMA = dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, tie_word_embeddings=True)
+
+
+def tiny_llama_parameters_by_hand() -> int:
+    embedding = 1000 * 64  # tied: the lm_head is the same matrix
+    attention = 64 * 64 + 64 * 32 + 64 * 32 + 64 * 64  # q, k (2 kv heads x 16), v, o; no biases
+    mlp = 3 * 64 * 128  # gate, up, down
+    norms = 2 * 64
+    return embedding + 2 * (attention + mlp + norms) + 64  # + final norm
+
+
+def bytes_of(estimate, term) -> float:
+    return getattr(estimate, term) * GIB
+
+
+def test_tiny_llama_parameters_match_a_hand_count():
+    _, model = load_model(LlamaConfig(**TINY_LLAMA))
+    counts = count_parameters(model)
+    assert counts.total == tiny_llama_parameters_by_hand() == 138_048
+    assert counts.layer == 64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 128 + 2 * 64
+    assert counts.root == 1000 * 64 + 64
+
+
+def test_ddp_and_zero_terms_are_the_bytes_per_parameter_of_mixed_precision():
+    p = tiny_llama_parameters_by_hand()
+    result = plan(LlamaConfig(**TINY_LLAMA), gpus=2, gpu_memory_gib=80, precision="bf16-mixed")
+    ddp, zero1, zero2 = result.estimate("ddp"), result.estimate("zero1"), result.estimate("zero2")
+    assert bytes_of(ddp, "parameters") == pytest.approx(2 * p)  # bf16 copies autocast makes
+    assert bytes_of(ddp, "gradients") == pytest.approx(4 * p)  # fp32
+    assert bytes_of(ddp, "optimizer") == pytest.approx(12 * p)  # fp32 master + Adam m and v
+    assert bytes_of(zero1, "optimizer") == pytest.approx(12 * p / 2)  # sharded over 2 GPUs
+    bucket = 2 * 5e8  # DeepSpeed's reduce buffer: reduce_bucket_size bf16 elements, allocated at full size
+    assert bytes_of(zero1, "gradients") == pytest.approx(2 * p + bucket)  # full bf16 grads
+    assert bytes_of(zero2, "gradients") == pytest.approx(2 * p / 2 + bucket)  # sharded bf16 grads
+    assert bytes_of(ddp, "gradients_held") == pytest.approx(4 * p)  # DDP's buckets exist before backward
+    assert bytes_of(zero2, "gradients_held") == 0  # ZeRO-1/2 allocate theirs during backward
+
+
+def test_terms_at_the_peak_add_up_to_the_total():
+    for estimate in plan("llama-3.2-1b", gpus=2, gpu_memory_gib=79.6, micro_batch=4).estimates:
+        assert sum(estimate.at_peak().values()) == pytest.approx(estimate.total)
+
+
+def test_one_gpu_needs_no_ddp_buckets():
+    one = plan(LlamaConfig(**TINY_LLAMA), gpus=1, gpu_memory_gib=80).estimate("ddp")
+    two = plan(LlamaConfig(**TINY_LLAMA), gpus=2, gpu_memory_gib=80).estimate("ddp")
+    assert one.gradients_held == 0 < two.gradients_held
+    assert one.total < two.total
+
+
+def test_pure_bf16_keeps_two_byte_adam_states_and_no_master():
+    p = tiny_llama_parameters_by_hand()
+    result = plan(LlamaConfig(**TINY_LLAMA), gpus=4, gpu_memory_gib=80, precision="bf16")
+    assert bytes_of(result.estimate("ddp"), "optimizer") == pytest.approx(4 * p)
+    assert bytes_of(result.estimate("ddp"), "gradients") == pytest.approx(2 * p)
+    assert bytes_of(result.estimate("zero3"), "optimizer") == pytest.approx(4 * p / 4)
+
+
+def test_lora_trains_only_the_adapters():
+    p = tiny_llama_parameters_by_hand()
+    adapters = 2 * (8 * (64 + 64) + 8 * (64 + 32))  # r=8 on q_proj (64->64) and v_proj (64->32), 2 layers
+    result = plan(LlamaConfig(**TINY_LLAMA), gpus=1, gpu_memory_gib=80, lora_rank=8, lora_targets=["q_proj", "v_proj"])
+    assert result.trainable == adapters
+    ddp = result.estimate("ddp")
+    assert bytes_of(ddp, "parameters") == pytest.approx(2 * (p + adapters))  # frozen base in bf16
+    assert bytes_of(ddp, "optimizer") == pytest.approx(12 * adapters)
+
+
+def test_moe_counts_every_expert_by_hand():
+    config = GptOssConfig(vocab_size=1000, hidden_size=64, intermediate_size=64, head_dim=16, num_attention_heads=4,
+                          num_key_value_heads=2, num_hidden_layers=2, num_local_experts=4, num_experts_per_tok=2,
+                          tie_word_embeddings=False)
+    attention = (64 * 64 + 64) + 2 * (64 * 32 + 32) + (64 * 64 + 64) + 4  # q, k, v, o with biases; 4 sinks
+    router = 4 * 64 + 4
+    experts = 4 * 64 * 2 * 64 + 4 * 2 * 64 + 4 * 64 * 64 + 4 * 64  # gate_up + bias, down + bias, all 4 experts
+    by_hand = 2 * 1000 * 64 + 2 * (attention + router + experts + 2 * 64) + 64
+    _, model = load_model(config)
+    assert count_parameters(model).total == by_hand
+
+
+@pytest.mark.parametrize("arch, published", [("gpt-oss-20b", 20.91e9), ("gpt-oss-120b", 116.83e9)])
+def test_full_size_moe_matches_the_published_parameter_count(arch, published):
+    assert plan(arch, gpus=8, gpu_memory_gib=140.4).parameters == pytest.approx(published, rel=0.005)
+
+
+# --------------------------------------------------------------------------------------------------
+# Activations: the formula against what autograd saves for backward (saved-tensor hooks, CPU, bf16)
+# --------------------------------------------------------------------------------------------------
+def _is_weight_cast(tensor) -> bool:  # autocast's bf16 copy of a parameter (counted as parameters)
+    fn = tensor.grad_fn
+    while type(fn).__name__ in ("TBackward0", "TransposeBackward0", "ViewBackward0", "ExpandBackward0"):
+        fn = fn.next_functions[0][0]  # linear saves weight.t()
+    return (type(fn).__name__ == "ToCopyBackward0"
+            and type(fn.next_functions[0][0]).__name__ == "AccumulateGrad")
+
+
+def saved_bytes(arch, layers, batch, seq_len, autocast):
+    """(bytes of activations saved for backward by a forward with labels, the model's config)."""
+    model = standins.build(arch, "tiny", device="cpu", dtype=torch.float32 if autocast else torch.bfloat16,
+                           layers=layers).train()
+    parameters = {p.untyped_storage()._cdata for p in model.parameters()}
+    saved = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage._cdata not in parameters and not _is_weight_cast(tensor):
+            saved[storage._cdata] = storage.nbytes()
+        return tensor
+
+    ids = torch.randint(0, model.config.vocab_size, (batch, seq_len), generator=torch.Generator().manual_seed(0))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            model(input_ids=ids, labels=ids)
+    return sum(saved.values()), model.config
+
+
+@pytest.mark.parametrize("arch, autocast", [("llama-3.2-1b", False), ("llama-3.2-1b", True), ("qwen3-8b", False),
+                                            ("olmo-3-7b", False), ("gpt-oss-20b", False)])
+def test_activation_formula_matches_what_autograd_saves(arch, autocast):
+    batch, seq_len = 2, 40
+    tokens = batch * seq_len
+    one, config = saved_bytes(arch, 1, batch, seq_len, autocast)
+    two, _ = saved_bytes(arch, 2, batch, seq_len, autocast)
+    formula = activation_bytes_per_token(config, seq_len, config._attn_implementation, fp32_residual=autocast)
+    assert (two - one) / tokens == pytest.approx(formula["layer"], rel=0.01)  # one decoder layer
+    # What stays saved for the head: the formula's backward peak (12 bytes per logit) less the 8 bytes
+    # per logit that exist only while the loss is differentiated.
+    head_saved = (one - (two - one)) / tokens
+    assert head_saved == pytest.approx(formula["head"] - 8 * config.vocab_size, rel=0.01)
+
+
+def test_checkpointing_keeps_layer_inputs_and_shrinks_activations():
+    full = plan("llama-3.2-1b", gpus=2, gpu_memory_gib=140.4, micro_batch=4)
+    checkpointed = plan("llama-3.2-1b", gpus=2, gpu_memory_gib=140.4, micro_batch=4, checkpointing=True)
+    config = standins.config("llama-3.2-1b", "full")
+    tokens = 4 * 2048
+    per_token = activation_bytes_per_token(config, 2048, "sdpa")
+    expected = (16 * 2 * config.hidden_size + max(per_token["head"], per_token["layer"])) * tokens
+    assert checkpointed.estimate("fsdp").activations * GIB == pytest.approx(expected)
+    assert checkpointed.estimate("fsdp").activations < full.estimate("fsdp").activations / 2
+
+
+def test_eager_attention_stores_the_attention_matrix():
+    sdpa = plan("llama-3.2-1b", gpus=1, gpu_memory_gib=80, attention="sdpa").estimate("ddp").activations
+    eager = plan("llama-3.2-1b", gpus=1, gpu_memory_gib=80, attention="eager").estimate("ddp").activations
+    assert eager > sdpa * 1.5  # the s^2 term at s=2048
+
+
+# --------------------------------------------------------------------------------------------------
+# Recommendations and bad inputs
+# --------------------------------------------------------------------------------------------------
+def test_recommends_ddp_when_the_model_fits_one_gpu():
+    result = plan("llama-3.2-1b", gpus=2, gpu_memory_gib=79.6, micro_batch=4)
+    assert result.recommended == "ddp" and result.fits("ddp")
+
+
+def test_recommends_zero2_when_only_optimizer_sharding_is_needed():
+    result = plan("llama-3.1-8b", gpus=8, gpu_memory_gib=79.6)
+    assert not result.fits("ddp") and result.recommended == "zero2"
+
+
+def test_recommends_fsdp_when_parameters_must_be_sharded_too():
+    result = plan("gpt-oss-20b", gpus=8, gpu_memory_gib=79.6)
+    assert not result.fits("zero2") and not result.fits("zero1") and result.recommended == "fsdp"
+
+
+def test_a_model_that_fits_nowhere_gets_alternatives():
+    result = plan("gpt-oss-120b", gpus=1, gpu_memory_gib=79.6)
+    assert result.recommended is None
+    assert result.advice.startswith("fits nowhere")
+    assert any("LoRA" in s for s in result.suggestions) and any("GPUs" in s for s in result.suggestions)
+    assert "fits nowhere" in repr(result)
+
+
+def test_unknown_model_lists_the_offline_standins():
+    with pytest.raises(ValueError, match="llama-3.2-1b"):
+        plan("no-such-org/no-such-model")
+
+
+def test_hub_id_offline_points_to_its_standin():
+    with pytest.raises(ValueError, match=r"plan\('llama-3.2-1b'"):
+        plan("meta-llama/Llama-3.2-1B-Instruct")
+
+
+@pytest.mark.parametrize("gpus", [0, -2, 1.5])
+def test_gpu_count_must_be_a_positive_whole_number(gpus):
+    with pytest.raises(ValueError, match="gpus"):
+        plan("llama-3.2-1b", gpus=gpus)
+
+
+def test_local_folder_with_config_json_plans_like_the_standin(tmp_path):
+    standins.config("qwen3-0.6b", "full").save_pretrained(tmp_path)
+    from_folder = plan(str(tmp_path), gpus=2, gpu_memory_gib=79.6)
+    from_name = plan("qwen3-0.6b", gpus=2, gpu_memory_gib=79.6)
+    assert [e.total for e in from_folder.estimates] == [e.total for e in from_name.estimates]
+
+
+def test_folder_without_config_json_says_so(tmp_path):
+    with pytest.raises(ValueError, match="config.json"):
+        plan(str(tmp_path))
+
+
+# --------------------------------------------------------------------------------------------------
+# Against the GPU: the planner's estimate vs torch.cuda.max_memory_allocated on 2x H200
+# --------------------------------------------------------------------------------------------------
+def recorded_measurements() -> list[dict]:
+    rows = []
+    for path in sorted(GPU_MEASUREMENTS.glob("*.json")):
+        data = json.loads(path.read_text())
+        rows += [dict(r, file=path.name) for r in data.get("results", []) if "error" not in r and r.get("device") == "cuda"]
+    return rows
+
+
+@pytest.mark.skipif(not recorded_measurements(),
+                    reason=f"PENDING GPU RUN: no measurements in {GPU_MEASUREMENTS.relative_to(REPO)} yet "
+                           "(benchmarks/gpu/planner.sh writes them; the lead records them there)")
+@pytest.mark.parametrize("measured", recorded_measurements(),
+                         ids=lambda r: f"{r['arch']}-{r['technique']}{'-ckpt' if r['checkpointing'] else ''}")
+def test_estimate_is_within_20_percent_of_the_measured_peak(measured):
+    technique = {"ddp": "ddp", "fsdp2": "fsdp", "zero3": "zero3"}[measured["technique"]]
+    config = standins.config(measured["arch"], measured["size"], layers=measured["layers"])
+    estimate = plan(config, gpus=measured["world_size"], gpu_memory_gib=140.4, precision=measured["precision"],
+                    seq_len=measured["seq_len"], micro_batch=measured["micro_batch"],
+                    checkpointing=measured["checkpointing"], suggest=False).estimate(technique)
+    peak = measured["measured_max_allocated_gib"]
+    assert abs(estimate.allocated / peak - 1) <= TOLERANCE, (
+        f"estimate {estimate.allocated:.1f} GiB vs measured {peak:.1f} GiB ({estimate.allocated / peak - 1:+.0%})")
+    # The planned total covers the measured allocated peak plus the CUDA context and NCCL (device used -
+    # reserved). Not the reserved peak itself: on a roomy GPU the caching allocator keeps freed blocks (FSDP2
+    # with checkpointing reserved 1.8x what it allocated), but under memory pressure it frees them and retries
+    # before it raises out-of-memory, so what must fit is the allocated peak.
+    rank = max(measured["ranks"], key=lambda r: r["max_allocated"])
+    context_gib = (rank["device_used"] - rank["max_reserved"]) / 2**30
+    assert estimate.total >= peak + context_gib, (
+        f"planned total {estimate.total:.1f} GiB < measured {peak:.1f} GiB allocated + {context_gib:.1f} GiB context")
