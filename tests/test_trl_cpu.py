@@ -1,0 +1,64 @@
+"""nbhelpers.trl_cpu: the CPU stand-in for TRL's loss kernel computes what the kernel computes."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from nbhelpers.trl_cpu import TorchChunkedLogProb, patch_for_cpu
+
+# Runs TRL's Triton kernel on the CPU through Triton's interpreter (slow, so only a few tokens) and prints
+# its outputs and input gradients as JSON.
+KERNEL_SCRIPT = textwrap.dedent("""
+    import json, torch
+    from trl.kernels import ChunkedLogProbFunction
+    torch.manual_seed(0)
+    hidden = torch.randn(5, 16, requires_grad=True)
+    weight = torch.randn(300, 16, requires_grad=True)
+    targets = torch.randint(0, 300, (5,))
+    outputs = ("entropy", "log_sum_sq_probs", "mean_logits", "is_top1")
+    log_probs, entropy, log_sum_sq, mean_logits, is_top1 = ChunkedLogProbFunction.apply(
+        hidden, weight, None, targets, 0.7, 128, 30.0, 1.5, outputs)
+    (log_probs.sum() + 0.3 * entropy.sum()).backward()
+    print(json.dumps({"log_probs": log_probs.tolist(), "entropy": entropy.tolist(), "log_sum_sq": log_sum_sq.tolist(),
+                      "mean_logits": mean_logits.tolist(), "is_top1": is_top1.tolist(),
+                      "grad_hidden": hidden.grad.tolist(), "grad_weight_norm": weight.grad.norm().item()}))
+""")
+
+
+def test_torch_logprob_matches_trl_triton_kernel():
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    run = subprocess.run([sys.executable, "-c", KERNEL_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    kernel = json.loads(run.stdout.strip().splitlines()[-1])
+
+    torch.manual_seed(0)
+    hidden = torch.randn(5, 16, requires_grad=True)
+    weight = torch.randn(300, 16, requires_grad=True)
+    targets = torch.randint(0, 300, (5,))
+    outputs = ("entropy", "log_sum_sq_probs", "mean_logits", "is_top1")
+    log_probs, entropy, log_sum_sq, mean_logits, is_top1 = TorchChunkedLogProb.apply(
+        hidden, weight, None, targets, 0.7, 128, 30.0, 1.5, outputs)
+    (log_probs.sum() + 0.3 * entropy.sum()).backward()
+
+    close = dict(rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(log_probs.detach(), torch.tensor(kernel["log_probs"]), **close)
+    torch.testing.assert_close(entropy.detach(), torch.tensor(kernel["entropy"]), **close)
+    torch.testing.assert_close(log_sum_sq, torch.tensor(kernel["log_sum_sq"]), **close)
+    torch.testing.assert_close(mean_logits, torch.tensor(kernel["mean_logits"]), **close)
+    assert is_top1.tolist() == kernel["is_top1"]
+    torch.testing.assert_close(hidden.grad, torch.tensor(kernel["grad_hidden"]), **close)
+    assert weight.grad.norm().item() == pytest.approx(kernel["grad_weight_norm"], rel=1e-4)
+
+
+def test_patch_for_cpu_changes_nothing_when_a_gpu_is_visible(monkeypatch):
+    import trl.trainer.utils
+
+    kernel = trl.trainer.utils._ChunkedLogProbFunction
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert patch_for_cpu() == []
+    assert trl.trainer.utils._ChunkedLogProbFunction is kernel
