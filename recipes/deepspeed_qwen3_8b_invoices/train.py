@@ -28,7 +28,8 @@ from trl import SFTConfig, SFTTrainer
 
 from evaluate import evaluate_rows, summarize
 from nbhelpers.metrics import peak_memory_bytes, write_metrics
-from nbhelpers.recipes import gather_rank_facts, init_distributed, load_rows, parse_config, stop_clearly_if_a_peer_is_lost
+from nbhelpers.recipes import (gather_rank_facts, init_distributed, load_rows, parse_config, shutdown,
+                               stop_clearly_if_a_peer_is_lost)
 from nbhelpers.trl_cpu import use_torch_logprobs_on_cpu
 
 HERE = Path(__file__).resolve().parent
@@ -54,7 +55,7 @@ def main():
     device = init_distributed(cfg["timeout_s"])  # TRL/accelerate and DeepSpeed reuse this process group
     with stop_clearly_if_a_peer_is_lost(cfg["timeout_s"]):
         run(cfg, device, dist.get_rank(), dist.get_world_size(), Path(cfg["output_dir"]))
-    dist.destroy_process_group()
+    shutdown()
 
 
 def run(cfg, device, rank, world_size, output_dir):
@@ -149,7 +150,8 @@ def run(cfg, device, rank, world_size, output_dir):
             parameters=total_numel, local_shard_numel=[f["local_shard_numel"] for f in facts],
             peak_memory_bytes=[f["peak_memory_bytes"] for f in facts],
             losses=losses, initial_loss=losses[0], final_loss=losses[-1],
-            eval_losses=eval_losses, initial_eval_loss=eval_losses[0], best_eval_loss=min(eval_losses[1:] or eval_losses),
+            eval_losses=eval_losses, initial_eval_loss=eval_losses[0],
+            best_eval_loss=min(eval_losses[1:] or eval_losses),
             best_checkpoint=best_checkpoint, train_seconds=train_seconds,
             samples_per_s=result.metrics.get("train_samples_per_second"),
             tokens_per_s=tokens_seen / train_seconds if tokens_seen else None,

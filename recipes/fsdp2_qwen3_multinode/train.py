@@ -34,8 +34,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from nbhelpers.metrics import peak_memory_bytes, write_metrics
 from nbhelpers.recipes import (FLOP_FORMULA, alpaca_prompt, flops_per_token, gather_rank_facts, init_distributed,
-                               load_rows, matmul_parameters, parse_config, peak_flops, stop_clearly_if_a_peer_is_lost,
-                               tokenize_prompt_response)
+                               load_rows, matmul_parameters, parse_config, peak_flops, shutdown,
+                               stop_clearly_if_a_peer_is_lost, tokenize_prompt_response)
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
@@ -146,7 +146,7 @@ def main():
     torch.manual_seed(cfg["seed"])
     with stop_clearly_if_a_peer_is_lost(cfg["timeout_s"]):
         train(cfg, device, rank, world_size, output_dir, on_gpu)
-    dist.destroy_process_group()
+    shutdown()
 
 
 def train(cfg, device, rank, world_size, output_dir, on_gpu):

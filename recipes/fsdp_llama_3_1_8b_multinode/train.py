@@ -1,4 +1,4 @@
-"""Full fine-tune of Llama-3.1-8B on alpaca-style data with FSDP (FullyShardedDataParallel), one torchrun agent per node.
+"""Full fine-tune of Llama-3.1-8B on alpaca-style data with FSDP (FullyShardedDataParallel), one node per agent.
 
     torchrun --nnodes=N --nproc-per-node=G --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 --rdzv-id=JOB \
         train.py --config config.yaml [--key value ...]
@@ -8,8 +8,9 @@ gradients and optimizer state split over all ranks), bf16 MixedPrecision on GPU 
 and gradient reduction), use_orig_params=True (the optimizer sees the model's own parameters).
 On GPUs rank 0 alone reads the checkpoint; the other ranks build the model on the meta device and
 receive the weights from rank 0 as FSDP shards them (sync_module_states), so a node holds one CPU copy,
-not one per GPU (`low_cpu_memory`). Gradient checkpointing on every layer. At the end the full state dict is gathered to rank 0's CPU
-(FullStateDictConfig(offload_to_cpu=True, rank0_only=True)) and saved with save_pretrained.
+not one per GPU (`low_cpu_memory`). Gradient checkpointing on every layer. At the end the full state
+dict is gathered to rank 0's CPU (FullStateDictConfig(offload_to_cpu=True, rank0_only=True)) and saved
+with save_pretrained.
 """
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import (FullStateDictConfig, FullyShardedDataParallel as FSDP, MixedPrecision,
-                                    ShardingStrategy, StateDictType)
+from torch.distributed.fsdp import FullStateDictConfig, MixedPrecision, ShardingStrategy, StateDictType
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 from tqdm import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -30,8 +31,8 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from nbhelpers.metrics import peak_memory_bytes, write_metrics
 from nbhelpers.recipes import (FLOP_FORMULA, alpaca_prompt, flops_per_token, gather_rank_facts, init_distributed,
-                               load_rows, matmul_parameters, parse_config, peak_flops, stop_clearly_if_a_peer_is_lost,
-                               tokenize_prompt_response)
+                               load_rows, matmul_parameters, parse_config, peak_flops, shutdown,
+                               stop_clearly_if_a_peer_is_lost, tokenize_prompt_response)
 
 
 def batches(samples, batch_size, pad_id, rank, world_size, seed):
@@ -66,7 +67,7 @@ def main():
     torch.manual_seed(cfg["seed"])
     with stop_clearly_if_a_peer_is_lost(cfg["timeout_s"]):
         train(cfg, device, dist.get_rank(), dist.get_world_size(), Path(cfg["output_dir"]))
-    dist.destroy_process_group()
+    shutdown()
 
 
 def train(cfg, device, rank, world_size, output_dir):
@@ -186,11 +187,13 @@ def train(cfg, device, rank, world_size, output_dir):
             losses=losses, initial_loss=losses[0], final_loss=losses[-1], steps=total_steps,
             timed_seconds=elapsed, tokens_per_s=tokens_per_s, tokens_per_s_per_gpu=tokens_per_s_per_gpu,
             label_tokens_per_s=totals[0].item() / elapsed if elapsed else None,
-            flops_per_token=flops_token, flop_formula=FLOP_FORMULA + "; S = seq_len although padded batches are shorter",
+            flops_per_token=flops_token,
+            flop_formula=FLOP_FORMULA + "; S = seq_len although padded batches are shorter",
             peak_flops_per_gpu=peak,
             mfu=tokens_per_s_per_gpu * flops_token / peak if (tokens_per_s_per_gpu and peak) else None,
             saved_model=str(output_dir / "final_model"), config=cfg)
-        print(f"done: final loss {losses[-1]:.4f}; model in {output_dir / 'final_model'}; metrics in {path}", flush=True)
+        print(f"done: final loss {losses[-1]:.4f}; model in {output_dir / 'final_model'}; metrics in {path}",
+              flush=True)
 
 
 if __name__ == "__main__":
