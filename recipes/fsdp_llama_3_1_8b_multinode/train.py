@@ -107,7 +107,7 @@ def train(cfg, device, rank, world_size, output_dir):
     )
     # use_orig_params: each original parameter is a view of this rank's shard (size 0 where it holds none of it).
     local_numel = sum(p.numel() for p in model.parameters())
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"], fused=on_gpu)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
 
     tokenizer = AutoTokenizer.from_pretrained(cfg["model_name"])
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
