@@ -191,7 +191,7 @@ def test_deepspeed_invoices_two_nodes_partitions_and_lowers_eval_loss(tmp_path, 
     ], tmp_path, timeout=300)
     assert_sharded_over_both_nodes(metrics)  # ZeRO-3: each rank's ds_tensor partitions hold half the model
     assert len(metrics["eval_losses"]) == 3  # before training, after epoch 1, after epoch 2
-    assert metrics["best_eval_loss"] < 0.8 * metrics["initial_eval_loss"], metrics["eval_losses"]
+    assert metrics["best_eval_loss"] < 0.85 * metrics["initial_eval_loss"], metrics["eval_losses"]
     assert metrics["final_loss"] < metrics["initial_loss"]
     assert metrics["best_checkpoint"]
     for when in ("before", "after"):

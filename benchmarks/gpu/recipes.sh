@@ -31,15 +31,16 @@ one_node() {  # NAME PORT LIMIT_S SCRIPT ARGS...: 1 node x 2 GPUs
   echo "$name: rc=$?"
 }
 two_nodes() {  # NAME PORT LIMIT_S SCRIPT ARGS...: 2 nodes x 1 GPU on this host, node n sees GPU n only
-  local name=$1 port=$2 limit=$3 script=$4 n; shift 4
+  local name=$1 port=$2 limit=$3 script=$4 n pids=() rcs=""; shift 4
   for n in 0 1; do
     CUDA_VISIBLE_DEVICES=$n timeout $((limit * scale)) python3 -m torch.distributed.run --nnodes=2 --nproc-per-node=1 \
-      --node-rank=$n --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:$port --rdzv-id="$name" --rdzv-conf=join_timeout=60 \
+      --node-rank=$n --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:$port --rdzv-id="$name" --rdzv-conf=join_timeout=$((60 * scale)) \
       "$script" "$@" --output_dir "$out/$name" > "$out/$name.node$n.log" 2>&1 &
+    pids+=($!)
     sleep 1
   done
-  wait
-  echo "$name: node logs $out/$name.node*.log"
+  for n in 0 1; do wait "${pids[$n]}"; rcs="$rcs $?"; done
+  echo "$name: rc (node 0, node 1) =$rcs"
 }
 
 fsdp2=recipes/fsdp2_qwen3_multinode/train.py
