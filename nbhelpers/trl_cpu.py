@@ -14,7 +14,7 @@ and patches its own copy of the libraries):
    form a gloo job whatever the arguments, as GPUs form an NCCL one.
 2. TRL 1.15 computes the SFT loss (and its logged entropy and accuracy) with a Triton kernel
    (`trl.kernels.ChunkedLogProbFunction`); Triton needs a GPU ("0 active drivers"). Replaced by the
-   same computation in plain PyTorch (`TorchChunkedLogProb`).
+   same computation in plain PyTorch (`TorchChunkedLogProbFunction`; like the kernel, its backward re-gathers a ZeRO-3 LM head).
 3. accelerate turns an FSDP plugin into FSDP only for GPU-like devices; for CPU processes it silently
    trains with DDP instead. Here it keeps FSDP, so `fully_shard` (which works on CPU with gloo) really
    shards the model and a test can check the sharding.
@@ -31,30 +31,69 @@ import os
 import torch
 
 
-class TorchChunkedLogProb:
-    """`ChunkedLogProbFunction.apply` of TRL, in plain PyTorch: per-token statistics of the LM head's logits.
+def _per_token(hidden, weight, bias, targets, temperature, softcap, logit_scale, outputs):
+    logits = hidden.float() @ weight.float().t()
+    if bias is not None:
+        logits = logits + bias.float()
+    logits = logits * logit_scale
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    logits = logits / temperature
+    log_z = torch.logsumexp(logits, dim=-1)
+    log_probs = logits.gather(-1, targets[:, None]).squeeze(-1) - log_z
+    entropy = log_sum_sq = mean = top1 = None
+    if "entropy" in outputs:
+        entropy = log_z - (torch.softmax(logits, -1) * logits).sum(-1)
+    if "log_sum_sq_probs" in outputs:
+        log_sum_sq = torch.logsumexp(2 * (logits - log_z[:, None]), dim=-1)
+    if "mean_logits" in outputs:
+        mean = logits.mean(-1)
+    if "is_top1" in outputs:
+        top1 = logits.argmax(-1) == targets
+    return log_probs, entropy, log_sum_sq, mean, top1
 
-    Returns (log_probs, entropy, log_sum_sq_probs, mean_logits, is_top1) for `targets`, each None unless
-    requested in `outputs` (log_probs always). The logits are transformed as in the kernel: scaled by
-    `logit_scale`, soft-capped at `final_logit_softcapping`, divided by `temperature`.
+
+class TorchChunkedLogProbFunction(torch.autograd.Function):
+    """`trl.kernels.ChunkedLogProbFunction` (same arguments, same outputs) in PyTorch ops.
+
+    Like the kernel, the backward recomputes the logits and re-enters TRL's ZeRO-3 gather of the LM head,
+    whose weight is released again after the forward.
     """
 
     @staticmethod
-    def apply(hidden, weight, bias, targets, temperature, chunk_size, final_logit_softcapping=None, logit_scale=1.0,
-              outputs=("entropy", "log_sum_sq_probs", "mean_logits", "is_top1")):
-        logits = torch.nn.functional.linear(hidden, weight, bias).float() * logit_scale
-        if final_logit_softcapping is not None:
-            logits = final_logit_softcapping * torch.tanh(logits / final_logit_softcapping)
-        logits = logits / temperature
-        log_softmax = logits.log_softmax(dim=-1)
-        log_probs = log_softmax.gather(-1, targets[:, None]).squeeze(-1)
-        entropy = -(log_softmax.exp() * log_softmax).sum(-1) if "entropy" in outputs else None
-        log_sum_sq_probs = None
-        if "log_sum_sq_probs" in outputs:
-            log_sum_sq_probs = torch.logsumexp(2 * log_softmax, dim=-1).detach()
-        mean_logits = logits.mean(-1).detach() if "mean_logits" in outputs else None
-        is_top1 = (logits.argmax(-1) == targets) if "is_top1" in outputs else None  # argmax: the first maximum
-        return log_probs, entropy, log_sum_sq_probs, mean_logits, is_top1
+    def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size, final_logit_softcapping=None,
+                logit_scale=1.0, outputs=("log_probs",)):
+        ctx.set_materialize_grads(False)
+        ctx.settings = (temperature, final_logit_softcapping, logit_scale)
+        ctx.save_for_backward(hidden, weight, bias, targets)
+        with torch.no_grad():
+            results = _per_token(hidden, weight, bias, targets, temperature, final_logit_softcapping, logit_scale,
+                                 outputs)
+        log_probs, entropy = results[0].to(hidden.dtype), results[1]
+        entropy = entropy.to(hidden.dtype) if entropy is not None else None
+        ctx.mark_non_differentiable(*(x for x in results[2:] if x is not None))
+        return (log_probs, entropy, *results[2:])
+
+    @staticmethod
+    def backward(ctx, grad_log_probs, grad_entropy, *_):
+        from trl.trainer.utils import maybe_gather_lm_head_ctx
+
+        hidden, weight, bias, targets = ctx.saved_tensors
+        temperature, softcap, logit_scale = ctx.settings
+        needs = ctx.needs_input_grad[:3]
+        with maybe_gather_lm_head_ctx(weight, bias), torch.enable_grad():
+            leaves = [x.detach().requires_grad_(need) if x is not None else None
+                      for x, need in zip((hidden, weight, bias), needs)]
+            log_probs, entropy, *_ = _per_token(*leaves, targets, temperature, softcap, logit_scale,
+                                                ("entropy",) if grad_entropy is not None else ())
+            pairs = [(out, grad) for out, grad in ((log_probs, grad_log_probs), (entropy, grad_entropy))
+                     if grad is not None]
+            wanted = [leaf for leaf, need in zip(leaves, needs) if need and leaf is not None]
+            grads = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g.float() for _, g in pairs],
+                                             allow_unused=True) if pairs and wanted else ())
+            result = [next(grads) if need and leaf is not None else None for leaf, need in zip(leaves, needs)]
+        result = [g.to(x.dtype) if g is not None else None for g, x in zip(result, (hidden, weight, bias))]
+        return (*result, None, None, None, None, None, None)
 
 
 def join_cpu_processes() -> None:
@@ -78,10 +117,10 @@ def join_cpu_processes() -> None:
 
 
 def use_torch_loss() -> None:
-    """TRL's fused LM head computes its per-token log-probabilities with `TorchChunkedLogProb`."""
+    """TRL's fused LM head computes its per-token log-probabilities with `TorchChunkedLogProbFunction`."""
     import trl.trainer.utils
 
-    trl.trainer.utils._ChunkedLogProbFunction = TorchChunkedLogProb
+    trl.trainer.utils._ChunkedLogProbFunction = TorchChunkedLogProbFunction
 
 
 def keep_fsdp_on_cpu() -> None:

@@ -8,7 +8,7 @@ import textwrap
 import pytest
 import torch
 
-from nbhelpers.trl_cpu import TorchChunkedLogProb, patch_for_cpu
+from nbhelpers.trl_cpu import TorchChunkedLogProbFunction, patch_for_cpu
 
 # Runs TRL's Triton kernel on the CPU through Triton's interpreter (slow, so only a few tokens) and prints
 # its outputs and input gradients as JSON.
@@ -41,7 +41,7 @@ def test_torch_logprob_matches_trl_triton_kernel():
     weight = torch.randn(300, 16, requires_grad=True)
     targets = torch.randint(0, 300, (5,))
     outputs = ("entropy", "log_sum_sq_probs", "mean_logits", "is_top1")
-    log_probs, entropy, log_sum_sq, mean_logits, is_top1 = TorchChunkedLogProb.apply(
+    log_probs, entropy, log_sum_sq, mean_logits, is_top1 = TorchChunkedLogProbFunction.apply(
         hidden, weight, None, targets, 0.7, 128, 30.0, 1.5, outputs)
     (log_probs.sum() + 0.3 * entropy.sum()).backward()
 

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Issue 9 evidence on the 2x H200 machine (see recipes.md), in order of importance, each part bounded:
+#   1. MFU: the FSDP2 recipe on the full-size Llama-3.2-1B architecture, seq 2048, batch 4/GPU, 1 node x 2 GPUs
+#      (torch.compile per layer, no activation checkpointing, bf16, fused AdamW), 20 timed steps after warm-up;
+#   2. the same recipe on the full-size Qwen3-8B architecture (activation checkpointing on), a few steps;
+#   3. every recipe briefly as 2 nodes x 1 GPU (two torchrun agents, one GPU each) and as 1 node x 2 GPUs,
+#      with tiny stand-ins, all six launches at once (they are launch/NCCL checks, not measurements).
+# Results: $RESULTS/recipes/<run>/metrics.json, <run>.log, summary.json. Budget: about 200 s.
+# On a CPU machine, RECIPES_DRY_RUN=1 runs the same launches with tiny models and gloo (logic check only).
+set -uo pipefail
+out=$RESULTS/recipes; mkdir -p "$out"
+work=${TMPDIR:-/tmp}/recipes-bench; rm -rf "$work"; mkdir -p "$work"
+dry=${RECIPES_DRY_RUN:-0}
+scale=1; [ "$dry" = 1 ] && scale=8  # a small CPU machine needs far longer limits
+
+python3 - "$work" "$dry" <<'PY'
+import sys
+from nbhelpers import standins
+work, dry = sys.argv[1], sys.argv[2] == "1"
+for arch in ("llama-3.2-1b", "qwen3-8b"):  # config + tokenizer only: random_init builds the weights on the GPUs
+    standins.make(arch, size="tiny" if dry else "full", out=f"{work}/{arch}-bench", weights=dry)
+for arch in ("llama-3.1-8b", "qwen3-0.6b", "qwen3-8b"):
+    standins.make(arch, size="tiny", out=f"{work}/{arch}-tiny")
+PY
+
+# torchrun as the recipes' READMEs write it: one agent per node, c10d rendezvous.
+one_node() {  # NAME PORT LIMIT_S SCRIPT ARGS...: 1 node x 2 GPUs
+  local name=$1 port=$2 limit=$3 script=$4; shift 4
+  timeout $((limit * scale)) python3 -m torch.distributed.run --nnodes=1 --nproc-per-node=2 --rdzv-backend=c10d \
+    --rdzv-endpoint=127.0.0.1:$port --rdzv-id="$name" "$script" "$@" --output_dir "$out/$name" > "$out/$name.log" 2>&1
+  echo "$name: rc=$?"
+}
+two_nodes() {  # NAME PORT LIMIT_S SCRIPT ARGS...: 2 nodes x 1 GPU on this host, node n sees GPU n only
+  local name=$1 port=$2 limit=$3 script=$4 n pids=() rcs=""; shift 4
+  for n in 0 1; do
+    CUDA_VISIBLE_DEVICES=$n timeout $((limit * scale)) python3 -m torch.distributed.run --nnodes=2 --nproc-per-node=1 \
+      --node-rank=$n --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:$port --rdzv-id="$name" --rdzv-conf=join_timeout=$((60 * scale)) \
+      "$script" "$@" --output_dir "$out/$name" > "$out/$name.node$n.log" 2>&1 &
+    pids+=($!)
+    sleep 1
+  done
+  for n in 0 1; do wait "${pids[$n]}"; rcs="$rcs $?"; done
+  echo "$name: rc (node 0, node 1) =$rcs"
+}
+
+fsdp2=recipes/fsdp2_qwen3_multinode/train.py
+fsdp1=recipes/fsdp_llama_3_1_8b_multinode/train.py
+ds=recipes/deepspeed_qwen3_8b_invoices/train.py
+bench=(--config recipes/fsdp2_qwen3_multinode/config.yaml --random_init true --synthetic_data true --seq_len 2048
+       --batch_size 4 --grad_accum 1 --checkpoint_every 0 --save_final_model false --log_every 10)
+compile=true; [ "$dry" = 1 ] && compile=false && bench+=(--seq_len 256)
+
+# 1. MFU, Llama-3.2-1B architecture: everything for speed (no recompute, layers stay gathered between
+#    forward and backward: the 1B model fits many times over).
+one_node mfu_llama_3_2_1b 29601 120 $fsdp2 "${bench[@]}" --model_name "$work/llama-3.2-1b-bench" --max_steps 30 \
+  --timing_warmup_steps 10 --activation_checkpointing false --reshard_after_forward false --compile $compile
+# 2. Qwen3-8B architecture: 8.2 B parameters, activation checkpointing on (MFU counts no recompute).
+one_node mfu_qwen3_8b 29602 110 $fsdp2 "${bench[@]}" --model_name "$work/qwen3-8b-bench" --max_steps 9 \
+  --timing_warmup_steps 3 --activation_checkpointing true --reshard_after_forward true --compile $compile
+
+# 3. Each recipe as 2 nodes x 1 GPU and as 1 node x 2 GPUs, all at once, tiny stand-ins.
+a1=(--config recipes/fsdp_llama_3_1_8b_multinode/config.yaml --model_name "$work/llama-3.1-8b-tiny" --dataset data/alpaca
+    --max_steps 12 --lr 3e-3 --warmup_steps 2 --log_every 4)
+a2=(--config recipes/fsdp2_qwen3_multinode/config.yaml --model_name "$work/qwen3-0.6b-tiny" --dataset data/alpaca
+    --seq_len 512 --batch_size 4 --max_steps 12 --lr 3e-3 --warmup_steps 2 --checkpoint_every 6 --compile false
+    --log_every 4)
+a3=(--config recipes/deepspeed_qwen3_8b_invoices/config.yaml --model_name "$work/qwen3-8b-tiny" --dataset data/invoices
+    --epochs 2 --train_samples 192 --eval_samples 8 --lr 3e-3 --batch_size 8 --grad_accum 1 --logging_steps 4
+    --max_new_tokens 64 --timeout_s 120)
+two_nodes fsdp_2x1 29611 100 $fsdp1 "${a1[@]}" &
+one_node fsdp_1x2 29612 100 $fsdp1 "${a1[@]}" &
+two_nodes fsdp2_2x1 29613 100 $fsdp2 "${a2[@]}" &
+one_node fsdp2_1x2 29614 100 $fsdp2 "${a2[@]}" &
+two_nodes deepspeed_2x1 29615 110 $ds "${a3[@]}" &
+one_node deepspeed_1x2 29616 110 $ds "${a3[@]}" &
+wait
+
+python3 - "$out" <<'PY'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+keys = ("world_size", "nodes", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "flops_per_token", "first_step_seconds",
+        "timed_steps", "parameters", "local_shard_numel", "peak_memory_bytes", "initial_loss", "final_loss",
+        "initial_eval_loss", "best_eval_loss", "resumed_from_step")
+summary = {}
+for path in sorted(out.glob("*/metrics.json")):
+    metrics = json.loads(path.read_text())
+    row = {k: metrics[k] for k in keys if k in metrics}
+    row["devices"] = metrics["environment"]["devices"]
+    for when in ("before", "after"):
+        if when in metrics:
+            row[when] = {k: metrics[when][k] for k in ("json_valid_rate", "field_exact_match")}
+    summary[path.parent.name] = row
+    gib = [round(b / 2**30, 1) for b in metrics.get("peak_memory_bytes", [])]
+    mfu = f"MFU {metrics['mfu']:.1%}" if metrics.get("mfu") else ""
+    tps = f"{metrics['tokens_per_s']:,.0f} tok/s" if metrics.get("tokens_per_s") else ""
+    print(f"{path.parent.name:18s} world {metrics['world_size']} nodes {metrics['nodes']}  {tps:>16s}  {mfu:10s} "
+          f"peak GiB {gib}  loss {metrics['initial_loss']:.3f} -> {metrics['final_loss']:.3f}")
+(out / "summary.json").write_text(json.dumps(summary, indent=2))
+PY

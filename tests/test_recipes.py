@@ -1,0 +1,267 @@
+"""The command-line recipes, launched as their users launch them: two torchrun agents (two "nodes", one
+process each) meeting through a c10d rendezvous on 127.0.0.1, on CPU with tiny stand-ins."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPES = REPO / "recipes"
+DATA = REPO / "data"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_node(node_rank: int, port: int, job: str, script: Path, args: list, log: Path) -> subprocess.Popen:
+    """One torchrun agent = one node with one process, as `torchrun --nnodes=2 ...` runs on each machine."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+               f"--node-rank={node_rank}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+               f"--rdzv-id={job}", "--rdzv-conf=join_timeout=120", "--max-restarts=0", str(script), *map(str, args)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
+        [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+    return subprocess.Popen(command, cwd=script.parent, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def kill_node(node: subprocess.Popen) -> None:
+    """SIGKILL a torchrun agent and its workers, as if the machine died (torchrun gives each worker its own session)."""
+    try:
+        workers = psutil.Process(node.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        workers = []
+    for process in [*workers, psutil.Process(node.pid)] if node.poll() is None else workers:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    node.wait()
+
+
+def run_two_nodes(recipe: str, args: list, workdir: Path, timeout: float = 240) -> dict:
+    """Run a recipe as 2 nodes x 1 process; return the metrics.json its rank 0 wrote."""
+    port, job = free_port(), f"test-{uuid.uuid4().hex[:8]}"
+    script = RECIPES / recipe / "train.py"
+    logs = [workdir / f"node{n}.log" for n in (0, 1)]
+    nodes = [start_node(0, port, job, script, args, logs[0])]
+    time.sleep(1.0)  # node 0 first, so it hosts the rendezvous store
+    nodes.append(start_node(1, port, job, script, args, logs[1]))
+    try:
+        for node in nodes:
+            node.wait(timeout=max(1.0, timeout))
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        for node in nodes:
+            kill_node(node)
+    failed = [(n, node.returncode) for n, node in enumerate(nodes) if node.returncode != 0]
+    assert not failed, f"{recipe} failed on nodes {failed}:\n" + "\n".join(
+        f"--- node {n} ---\n{logs[n].read_text()[-4000:]}" for n, _ in failed)
+    return json.loads((workdir / "out" / "metrics.json").read_text())
+
+
+def assert_sharded_over_both_nodes(metrics: dict) -> None:
+    assert metrics["world_size"] == 2 and metrics["nodes"] == 2
+    assert sorted(r["node_rank"] for r in metrics["ranks"]) == [0, 1]
+    shards, total = metrics["local_shard_numel"], metrics["parameters"]
+    for shard in shards:  # each rank holds about half of the parameters (padding and rounding aside)
+        assert 0.4 * total < shard < 0.6 * total, (shards, total)
+    assert total * 0.98 <= sum(shards) <= total * 1.05, (shards, total)
+
+
+def load_recipe_module(recipe: str, name: str):
+    path = RECIPES / recipe / f"{name}.py"
+    sys.path.insert(0, str(path.parent))  # train.py imports its neighbours (evaluate.py)
+    try:
+        spec = importlib.util.spec_from_file_location(f"recipe_{recipe}_{name}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(path.parent))
+
+
+# --------------------------------------------------------------------------------------------------
+# FSDP (FSDP1) Llama-3.1-8B
+# --------------------------------------------------------------------------------------------------
+def test_fsdp_llama_two_nodes_shards_trains_and_saves_full_model(tmp_path, standin):
+    model = standin("llama-3.1-8b")
+    metrics = run_two_nodes("fsdp_llama_3_1_8b_multinode", [
+        "--config", "config.yaml", "--model_name", model, "--dataset", DATA / "alpaca",
+        "--output_dir", tmp_path / "out", "--max_steps", 14, "--batch_size", 4, "--grad_accum", 2, "--lr", 3e-3,
+        "--warmup_steps", 2, "--log_every", 7,
+    ], tmp_path)
+    assert_sharded_over_both_nodes(metrics)
+    assert metrics["final_loss"] < 0.75 * metrics["initial_loss"], metrics["losses"]
+    assert metrics["tokens_per_s"] > 0
+
+    # The full state dict gathered on rank 0 is a normal checkpoint with trained weights.
+    from transformers import AutoModelForCausalLM
+
+    saved = AutoModelForCausalLM.from_pretrained(metrics["saved_model"])
+    original = AutoModelForCausalLM.from_pretrained(model)
+    assert sum(p.numel() for p in saved.parameters()) == metrics["parameters"]
+    assert not torch.equal(saved.model.layers[0].mlp.up_proj.weight, original.model.layers[0].mlp.up_proj.weight)
+
+
+# --------------------------------------------------------------------------------------------------
+# FSDP2 Qwen3: packing, distributed checkpoint and resume
+# --------------------------------------------------------------------------------------------------
+def fsdp2_args(model, output_dir, steps, *extra):
+    return ["--config", "config.yaml", "--model_name", model, "--dataset", DATA / "alpaca", "--output_dir", output_dir,
+            "--seq_len", 256, "--batch_size", 2, "--max_steps", steps, "--lr", 3e-3, "--warmup_steps", 2,
+            "--compile", "false", "--save_final_model", "false", "--log_every", 4, "--timing_warmup_steps", 2, *extra]
+
+
+def test_fsdp2_qwen3_two_nodes_resumes_from_its_distributed_checkpoint(tmp_path, standin):
+    model = standin("qwen3-0.6b")
+    first = run_two_nodes("fsdp2_qwen3_multinode", fsdp2_args(model, tmp_path / "out", 12, "--checkpoint_every", 6),
+                          tmp_path)
+    assert_sharded_over_both_nodes(first)
+    assert first["final_loss"] < 0.8 * first["initial_loss"], first["losses"]
+    assert first["resumed_from_step"] is None and len(first["checkpoints"]) == 1  # step 6 (none at the last step)
+
+    # The same command again: it finds the step-6 checkpoint and redoes steps 7..12 on the same data.
+    second = run_two_nodes("fsdp2_qwen3_multinode", fsdp2_args(model, tmp_path / "out", 12, "--checkpoint_every", 6),
+                           tmp_path)
+    assert second["resumed_from_step"] == 6
+    assert second["losses"][:6] == first["losses"][:6]
+    assert second["losses"][6:] == pytest.approx(first["losses"][6:], abs=2e-3)
+
+
+def test_packed_sample_has_the_same_loss_as_alone(standin):
+    """Packing keeps attention inside each sample: position ids restart, transformers builds the block mask."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    train = load_recipe_module("fsdp2_qwen3_multinode", "train")
+    path = standin("qwen3-0.6b")
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa").eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    rows = [json.loads(line) for line in (DATA / "alpaca" / "train.jsonl").read_text().splitlines()[:3]]
+    samples = [train.tokenize_prompt_response(tokenizer, train.alpaca_prompt(r), r["output"], 256) for r in rows]
+
+    def per_sample_losses(row):
+        logits = model(input_ids=torch.tensor([row["input_ids"]]), position_ids=torch.tensor([row["position_ids"]]),
+                       use_cache=False).logits  # with a cache, transformers does not look for packed samples
+        labels = torch.tensor(row["labels"])
+        token_loss = torch.nn.functional.cross_entropy(logits[0], labels, ignore_index=-100, reduction="none")
+        starts = [i for i, p in enumerate(row["position_ids"]) if p == 0] + [len(labels)]
+        return [token_loss[a:b].sum().item() for a, b in zip(starts, starts[1:])]
+
+    with torch.no_grad():
+        packed = train.pack(samples, seq_len=sum(len(ids) for ids, _ in samples) + 5, pad_id=0)
+        assert len(packed) == 1  # three samples and a padding segment in one row
+        alone = [per_sample_losses(train.pack([s], len(s[0]), 0)[0])[0] for s in samples]
+        together = per_sample_losses(packed[0])
+    assert together[:3] == pytest.approx(alone, rel=1e-4)
+    # Without the restarts, the second sample would see the first: its loss changes.
+    row = dict(packed[0], position_ids=list(range(len(packed[0]["position_ids"]))))
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([row["input_ids"]]), position_ids=torch.tensor([row["position_ids"]]),
+                       use_cache=False).logits
+    second = slice(len(samples[0][0]), len(samples[0][0]) + len(samples[1][0]))
+    leaked = torch.nn.functional.cross_entropy(logits[0, second], torch.tensor(row["labels"][second]),
+                                               ignore_index=-100, reduction="sum").item()
+    assert abs(leaked - alone[1]) > 1e-3
+
+
+# --------------------------------------------------------------------------------------------------
+# DeepSpeed ZeRO-3 + TRL: invoices
+# --------------------------------------------------------------------------------------------------
+def test_deepspeed_invoices_two_nodes_partitions_and_lowers_eval_loss(tmp_path, standin):
+    metrics = run_two_nodes("deepspeed_qwen3_8b_invoices", [
+        "--config", "config.yaml", "--model_name", standin("qwen3-8b"), "--dataset", DATA / "invoices",
+        "--output_dir", tmp_path / "out", "--epochs", 2, "--train_samples", 96, "--eval_samples", 4,
+        "--batch_size", 8, "--grad_accum", 1, "--lr", 3e-3, "--logging_steps", 1, "--max_new_tokens", 48,
+        "--timeout_s", 120,
+    ], tmp_path, timeout=300)
+    assert_sharded_over_both_nodes(metrics)  # ZeRO-3: each rank's ds_tensor partitions hold half the model
+    assert len(metrics["eval_losses"]) == 3  # before training, after epoch 1, after epoch 2
+    assert metrics["best_eval_loss"] < 0.85 * metrics["initial_eval_loss"], metrics["eval_losses"]
+    assert metrics["final_loss"] < metrics["initial_loss"]
+    assert metrics["best_checkpoint"]
+    for when in ("before", "after"):
+        assert metrics[when]["samples"] == 4
+        assert 0 <= metrics[when]["json_valid_rate"] <= 1 and 0 <= metrics[when]["field_exact_match"] <= 1
+    assert (Path(metrics["saved_model"]) / "model.safetensors").exists()
+
+
+def test_invoice_scorer_counts_fields_and_json_validity():
+    evaluate = load_recipe_module("deepspeed_qwen3_8b_invoices", "evaluate")
+    reference = {"vendor": "Acme", "total": "12.50", "currency": "EUR"}
+    assert evaluate.score_extraction('{"vendor": "Acme", "total": "12.50", "currency": "EUR"}', reference) == \
+        {"valid_json": True, "fields": 3, "fields_correct": 3, "exact": True}
+    thinking = '<think>\n\n</think>\n\n'
+    wrong_total = evaluate.score_extraction(thinking + '{"vendor": "Acme", "total": "12.5", "currency": "EUR"}',
+                                            reference)
+    assert wrong_total == {"valid_json": True, "fields": 3, "fields_correct": 2, "exact": False}
+    assert evaluate.score_extraction('{"vendor": "Acme", "total": ', reference)["valid_json"] is False
+    assert evaluate.score_extraction('["Acme"]', reference)["fields_correct"] == 0
+    extra_key = evaluate.score_extraction('{"vendor": "Acme", "total": "12.50", "currency": "EUR", "x": 1}', reference)
+    assert extra_key["fields_correct"] == 3 and not extra_key["exact"]
+    assert evaluate.summarize([wrong_total, extra_key])["field_exact_match"] == pytest.approx(5 / 6)
+
+
+def test_torch_logprobs_match_autograd_of_log_softmax():
+    from nbhelpers.trl_cpu import TorchChunkedLogProbFunction
+
+    torch.manual_seed(0)
+    hidden = torch.randn(7, 16, requires_grad=True)
+    weight = torch.randn(50, 16, requires_grad=True)
+    targets = torch.randint(0, 50, (7,))
+    log_probs, entropy, _, _, top1 = TorchChunkedLogProbFunction.apply(
+        hidden, weight, None, targets, 1.0, 4096, None, 1.0, ("log_probs", "entropy", "is_top1"))
+    (log_probs.sum() + 0.1 * entropy.sum()).backward()
+    grads = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    reference = (hidden @ weight.t()).log_softmax(-1)
+    expected = reference.gather(-1, targets[:, None]).squeeze(-1)
+    (expected.sum() + 0.1 * -(reference.exp() * reference).sum(-1).sum()).backward()
+    assert torch.allclose(log_probs, expected, atol=1e-5)
+    assert torch.allclose(grads[0], hidden.grad, atol=1e-5) and torch.allclose(grads[1], weight.grad, atol=1e-5)
+    assert torch.equal(top1, reference.argmax(-1) == targets)
+
+
+# --------------------------------------------------------------------------------------------------
+# A node dies: the survivor fails fast and says why
+# --------------------------------------------------------------------------------------------------
+def test_a_dead_node_makes_the_other_fail_with_a_clear_error(tmp_path, standin):
+    port, job = free_port(), f"test-{uuid.uuid4().hex[:8]}"
+    script = RECIPES / "fsdp2_qwen3_multinode" / "train.py"
+    args = fsdp2_args(standin("qwen3-0.6b"), tmp_path / "out", 100000, "--log_every", 1, "--checkpoint_every", 0,
+                      "--timeout_s", 20)
+    logs = [tmp_path / "node0.log", tmp_path / "node1.log"]
+    survivor = start_node(0, port, job, script, args, logs[0])
+    time.sleep(1.0)
+    victim = start_node(1, port, job, script, args, logs[1])
+    try:
+        deadline = time.monotonic() + 180
+        while "step 2 loss" not in logs[0].read_text():
+            assert survivor.poll() is None and victim.poll() is None, logs[0].read_text()[-3000:]
+            assert time.monotonic() < deadline, "training did not start:\n" + logs[0].read_text()[-3000:]
+            time.sleep(0.5)
+        kill_node(victim)  # the whole node: agent and worker
+        killed = time.monotonic()
+        returncode = survivor.wait(timeout=90)
+        took = time.monotonic() - killed
+    finally:
+        kill_node(survivor)
+        kill_node(victim)
+    log = logs[0].read_text()
+    assert returncode != 0
+    assert took < 60, f"the surviving node took {took:.0f} s to fail"
+    assert "LOST PEER: rank 0 (node 0" in log, log[-3000:]
