@@ -74,6 +74,7 @@ def run_notebook(case, workdir: Path, standin=None):
         raise UnknownParameterError(
             f"{case.notebook} has no parameter(s) {unknown}; its parameters cell declares {sorted(declared)}"
         )
+    workdir.mkdir(parents=True, exist_ok=True)
     output_dir = workdir / "output"
     parameters = {k: fill(v, output_dir, standin) for k, v in case.parameters.items()}
     executed = workdir / Path(case.notebook).name
