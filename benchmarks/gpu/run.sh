@@ -20,5 +20,8 @@ for topic in "$@"; do
   timeout "${TOPIC_TIMEOUT:-300}" bash "benchmarks/gpu/$topic.sh" > "$RESULTS/$topic.log" 2>&1
   rc=$?
   echo "== $topic: rc=$rc in $(( $(date +%s) - started )) s"; tail -n 15 "$RESULTS/$topic.log"
-  tar czf "$OUT/results.tgz" -C /tmp results  # after each topic, so a timeout keeps what finished
+  # after each topic, so a timeout keeps what finished; figures, logs and executed notebooks only (the
+  # runs' saved models and checkpoints are GBs, more than a call brings back)
+  (cd /tmp && find results -type f -size -4M ! -name '*.safetensors' ! -name '*.bin' ! -name '*.pt' \
+     ! -name '*.distcp' | tar czf "$OUT/results.tgz" -T -)
 done
