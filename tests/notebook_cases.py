@@ -44,4 +44,20 @@ CASES = [
         timeout=180,
         output_contains=("[rank 0]",),
     ),
+    NotebookCase(
+        "notebooks/unsloth/ddp_llama_3_2_3b.ipynb",
+        parameters={"output_dir": "{output_dir}", "num_gpus": None, "model_name": "{standin:llama-3.2-3b}",
+                    "dataset_name": "json", "data_files": "{data}/finetome/train.jsonl", "max_seq_length": 512,
+                    "gradient_accumulation_steps": 1, "max_steps": 20, "learning_rate": 0.01, "warmup_steps": 2,
+                    "timing_warmup_steps": 2, "max_new_tokens": 8},
+        expect={
+            "world_size": ("==", 2),
+            "final_loss_vs_initial": ("<", 0.97),
+            "tokens_per_s": (">", 0),
+            "trainable_parameters": (">", 0),
+            "adapter_saved": ("==", True),
+        },
+        timeout=300,
+        output_contains=("[rank 0]", "[rank 1]"),
+    ),
 ]
