@@ -6,10 +6,14 @@ VENV ?= .venv
 # On a GPU machine pick your CUDA build, e.g. make setup TORCH="torch==2.11.0 torchvision==0.26.0"
 TORCH ?= torch==2.14.1 torchvision==0.29.1
 EXTRAS ?= all
+# Axolotl has an environment of its own (environments/axolotl/requirements.txt says why); axolotl 0.19 takes
+# torch 2.11 to 2.13. CI uses 2.13.0 (the CPU build on its disk); on GPUs e.g. AXOLOTL_TORCH=torch==2.11.0
+AXOLOTL_VENV ?= .venv-axolotl
+AXOLOTL_TORCH ?= torch==2.13.0
 RUNS ?= runs
 PAPERMILL = $(VENV)/bin/papermill --execution-timeout 900 --no-progress-bar
 
-.PHONY: setup quickstart test
+.PHONY: setup setup-axolotl quickstart test
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml Makefile
@@ -18,6 +22,19 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(VENV)/bin/python -m pip install -q $(TORCH)
 	echo "$(TORCH)" | tr ' ' '\n' > $(VENV)/torch-pin.txt
 	$(VENV)/bin/python -m pip install -q -c $(VENV)/torch-pin.txt -e ".[$(EXTRAS)]"
+	touch $@
+
+# The notebook kernel `cookbook-axolotl` runs in .venv-axolotl; its spec goes into .venv, where papermill
+# and Jupyter look for kernels.
+setup-axolotl: $(AXOLOTL_VENV)/.installed
+
+$(AXOLOTL_VENV)/.installed: environments/axolotl/requirements.txt pyproject.toml Makefile $(VENV)/.installed
+	test -x $(AXOLOTL_VENV)/bin/python || $(PYTHON) -m venv $(AXOLOTL_VENV)
+	$(AXOLOTL_VENV)/bin/python -m pip install -q --upgrade pip
+	$(AXOLOTL_VENV)/bin/python -m pip install -q $(AXOLOTL_TORCH)
+	echo "$(AXOLOTL_TORCH)" | tr ' ' '\n' > $(AXOLOTL_VENV)/torch-pin.txt
+	$(AXOLOTL_VENV)/bin/python -m pip install -q -c $(AXOLOTL_VENV)/torch-pin.txt -r environments/axolotl/requirements.txt -e .
+	$(AXOLOTL_VENV)/bin/python -m ipykernel install --prefix $(abspath $(VENV)) --name cookbook-axolotl --display-name "Python (cookbook-axolotl)"
 	touch $@
 
 quickstart: setup
@@ -29,6 +46,6 @@ quickstart: setup
 	@echo "Metrics:            $(abspath $(RUNS))/getting_started/metrics.json $(abspath $(RUNS))/ddp_mlp/metrics.json"
 	@echo "Loss plot:          $(abspath $(RUNS))/ddp_mlp/loss.png   MLflow store: $(abspath $(RUNS))/ddp_mlp/mlflow.db"
 
-test: setup
+test: setup setup-axolotl
 	HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 AXOLOTL_DO_NOT_TRACK=1 RAY_USAGE_STATS_ENABLED=0 \
 		$(VENV)/bin/python -m pytest

@@ -78,17 +78,28 @@ def run_notebook(case, workdir: Path, standin=None):
     output_dir = workdir / "output"
     parameters = {k: fill(v, output_dir, standin) for k, v in case.parameters.items()}
     executed = workdir / Path(case.notebook).name
+    require_kernel(case.kernel)
     papermill.execute_notebook(
         str(notebook),
         str(executed),
         parameters=parameters,
         cwd=str(notebook.parent),
         execution_timeout=case.timeout,
-        kernel_name="python3",
+        kernel_name=case.kernel,
         progress_bar=False,
     )
     metrics = json.loads((output_dir / "metrics.json").read_text())
     return metrics, nbformat.read(executed, as_version=4)
+
+
+def require_kernel(name: str) -> None:
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        KernelSpecManager().get_kernel_spec(name)
+    except NoSuchKernel:
+        raise RuntimeError(f"Jupyter kernel {name!r} is not installed; `make setup-{name.removeprefix('cookbook-')}` "
+                           "makes its environment and registers it") from None
 
 
 def lookup(metrics: dict, dotted: str):
