@@ -8,10 +8,13 @@
 set -uo pipefail
 out=$RESULTS/axolotl; mkdir -p "$out"
 steps=${STEPS:-8}; warmup=${WARMUP:-2}
-[ -f .devsite/axolotl/site.tar.gz ] || { echo "axolotl: .devsite/axolotl/site.tar.gz missing: run benchmarks/gpu/pack-axolotl.sh first"; exit 2; }
+# The packed stack: carried in .devsite/axolotl/, or unpacked into /tmp/site-axolotl by an earlier call on
+# the same machine (with the notebook and MLflow profiles it is more than one call carries)
+[ -f .devsite/axolotl/site.tar.gz ] || [ -d /tmp/site-axolotl/axolotl ] ||
+  { echo "axolotl: .devsite/axolotl/site.tar.gz missing: run benchmarks/gpu/pack-axolotl.sh first"; exit 2; }
 model=/tmp/standins/olmo-3-7b-full
 python3 -m nbhelpers.standins make olmo-3-7b --size full --weights --out "$model" 2>&1 | tail -1  # with the machine's transformers
-mkdir -p /tmp/site-axolotl && tar xzf .devsite/axolotl/site.tar.gz -C /tmp/site-axolotl
+[ -f .devsite/axolotl/site.tar.gz ] && mkdir -p /tmp/site-axolotl && tar xzf .devsite/axolotl/site.tar.gz -C /tmp/site-axolotl
 export PYTHONPATH=/tmp/site-axolotl:$PYTHONPATH AXOLOTL_DO_NOT_TRACK=1
 python3 -c "import axolotl, transformers, trl, peft; print('axolotl', axolotl.__version__, 'transformers', transformers.__version__, 'trl', trl.__version__, 'peft', peft.__version__)" | tee "$out/versions.txt"
 nb() {  # nb NAME GPUS [extra papermill args]

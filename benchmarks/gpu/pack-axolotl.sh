@@ -14,10 +14,10 @@
 set -euo pipefail
 PY=${PYTHON:-python3}
 PINNED="axolotl==0.19.0 transformers==5.16.1 trl==1.9.0 peft==0.20.0 accelerate==1.13.0 datasets==4.8.4
-  tokenizers==0.23.1 huggingface_hub==1.17.0 hf_xet==1.4.3 bitsandbytes==0.50.2 torchao==0.17.0 liger-kernel==0.8.1
-  pydantic==2.12.5 mistral-common==1.11.5 evaluate==0.4.1 posthog==6.7.11 nvidia-ml-py==12.560.30 kernels<0.17
+  axolotl-contribs-lgpl axolotl-contribs-mit tokenizers==0.23.1 huggingface_hub==1.17.0 hf_xet==1.4.3 bitsandbytes==0.50.2 torchao==0.17.0 liger-kernel==0.8.1
+  pydantic==2.12.5 mistral-common==1.11.5 evaluate==0.4.1 posthog==6.7.11 nvidia-ml-py==12.560.30 kernels<0.17 kernels-data<0.17
   numba llvmlite scipy scikit-learn threadpoolctl joblib wandb addict fire termcolor fastcore colorama art
-  pydantic_core pydantic-extra-types pycountry sentencepiece dill multiprocess xxhash zstandard backoff
+  pydantic-core==2.41.5 typing-inspection annotated-types pydantic-extra-types pycountry sentencepiece dill multiprocess xxhash zstandard backoff
   tabulate wcwidth narwhals distro rich pygments mlflow-skinny sqlalchemy alembic"
 work=$(mktemp -d); mkdir -p .devsite/axolotl
 py=(--python-version 3.12 --implementation cp --only-binary=:all: --no-deps)
@@ -29,6 +29,7 @@ for p in $PINNED; do
 done
 "$PY" -m pip install -q --no-deps --no-compile --target "$work/site" "$work"/dl/*.whl "${py[@]}" "${plat[@]}"
 find "$work/site/bitsandbytes" -name 'libbitsandbytes_*.so' ! -name '*cuda130*' -delete 2>/dev/null || true
+rm -rf "$work/site/wandb/bin" "$work/site/pycountry/locales"  # wandb's Go service and pycountry's translations: unused here
 rm -rf "$work/site/bin"  # console scripts with this machine's shebang: the notebook calls `python -m axolotl.cli.main`
 find "$work/site" -name '__pycache__' -prune -exec rm -rf {} +
 tar czf .devsite/axolotl/site.tar.gz -C "$work/site" .

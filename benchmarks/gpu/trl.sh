@@ -13,6 +13,11 @@ out=$RESULTS/trl; mkdir -p "$out"
 models=${TRL_MODELS:-/tmp/trl-standins}
 layers_20b=${TRL_20B_LAYERS:-8}
 layers_120b=${TRL_120B_LAYERS:-4}
+# The seed's 4 micro-steps per optimizer step: DDP all-reduces once per step, and the ranks' uneven batches
+# (conversations of different lengths) even out over 4 micro-steps; with 1, a 2-GPU step waits for the
+# longer of two single batches (1.85x measured so on 2026-11-30: benchmarks/results/trl/summary.json).
+accum_20b=${TRL_20B_ACCUM:-4}
+steps_20b=${TRL_20B_STEPS:-8}
 size=${TRL_SIZE:-full}
 stages=" ${TRL_STAGES:-20b 120b llama} "
 data=$PWD/data
@@ -54,8 +59,8 @@ du -sh "$models"/* | tee "$out/standin_sizes.txt"
 
 if [[ $stages == *" 20b "* ]]; then
   common=(-p model_name "$models/gpt-oss-20b" -p dataset_name "$data/multilingual_thinking" -p dataset_split "train[:384]"
-          -p max_length 512 -p per_device_train_batch_size 16 -p gradient_accumulation_steps 1 -p max_steps 12
-          -p logging_steps 1 -p timing_warmup_steps 2)
+          -p max_length 512 -p per_device_train_batch_size 16 -p gradient_accumulation_steps "$accum_20b"
+          -p max_steps "$steps_20b" -p logging_steps 1 -p timing_warmup_steps 2)
   stage ddp_20b_1gpu 300 pm notebooks/trl/ddp_gpt_oss_20b.ipynb ddp_20b_1gpu "${common[@]}" -p num_gpus 1 -p max_new_tokens 0
   stage ddp_20b_2gpu 300 pm notebooks/trl/ddp_gpt_oss_20b.ipynb ddp_20b_2gpu "${common[@]}" -p num_gpus 2 -p max_new_tokens 32
 fi
