@@ -37,21 +37,26 @@ def _normalise(value) -> str:
 
 
 def score_extraction(predicted: str, expected: str | dict) -> dict:
-    """One document: {"json_valid", "fields", "fields_matched", "exact"} (exact: every field matched)."""
+    """One document: {"json_valid", "fields", "fields_matched", "exact"} (exact: every field matched, no extra key)."""
     expected = json.loads(expected) if isinstance(expected, str) else expected
     prediction = parse_json_object(predicted)
     if prediction is None:
         return {"json_valid": False, "fields": len(expected), "fields_matched": 0, "exact": False}
     matched = sum(key in prediction and _normalise(prediction[key]) == _normalise(value)
                   for key, value in expected.items())
-    return {"json_valid": True, "fields": len(expected), "fields_matched": matched, "exact": matched == len(expected)}
+    exact = matched == len(expected) and set(prediction) == set(expected)
+    return {"json_valid": True, "fields": len(expected), "fields_matched": matched, "exact": exact}
 
 
 def score_extractions(predicted: list[str], expected: list[str | dict]) -> dict:
     """Many documents: JSON validity rate, field-level exact match (over all fields), document exact match."""
     if len(predicted) != len(expected):
         raise ValueError(f"{len(predicted)} predictions for {len(expected)} expected documents")
-    scores = [score_extraction(p, e) for p, e in zip(predicted, expected)]
+    return summarize([score_extraction(p, e) for p, e in zip(predicted, expected)])
+
+
+def summarize(scores: list[dict]) -> dict:
+    """The rates over documents scored one by one with `score_extraction`."""
     documents, fields = len(scores), sum(s["fields"] for s in scores)
     return {
         "documents": documents,

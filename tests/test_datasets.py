@@ -97,6 +97,12 @@ def test_extraction_score_counts_fields_validity_and_fenced_json():
     assert parse_json_object("no json here") is None
 
 
+def test_extraction_with_an_extra_key_matches_every_field_but_is_not_exact():
+    expected = {"vendor": "Acme", "total": "12.50"}
+    scores = score_extractions(['{"vendor": "Acme", "total": "12.50", "note": "paid"}'], [expected])
+    assert scores["field_exact_match"] == 1.0 and scores["document_exact_match"] == 0.0
+
+
 def _encode(tokenizer, rows):
     """Token ids and assistant-only labels of each conversation (the model learns the reasoning and answer)."""
     encoded = []

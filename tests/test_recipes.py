@@ -195,25 +195,20 @@ def test_deepspeed_invoices_two_nodes_partitions_and_lowers_eval_loss(tmp_path, 
     assert metrics["final_loss"] < metrics["initial_loss"]
     assert metrics["best_checkpoint"]
     for when in ("before", "after"):
-        assert metrics[when]["samples"] == 4
-        assert 0 <= metrics[when]["json_valid_rate"] <= 1 and 0 <= metrics[when]["field_exact_match"] <= 1
+        assert metrics[when]["documents"] == 4
+        assert 0 <= metrics[when]["json_valid"] <= 1 and 0 <= metrics[when]["field_exact_match"] <= 1
     assert (Path(metrics["saved_model"]) / "model.safetensors").exists()
 
 
-def test_invoice_scorer_counts_fields_and_json_validity():
+def test_invoice_replies_are_scored_without_qwens_think_block():
     evaluate = load_recipe_module("deepspeed_qwen3_8b_invoices", "evaluate")
-    reference = {"vendor": "Acme", "total": "12.50", "currency": "EUR"}
-    assert evaluate.score_extraction('{"vendor": "Acme", "total": "12.50", "currency": "EUR"}', reference) == \
-        {"valid_json": True, "fields": 3, "fields_correct": 3, "exact": True}
-    thinking = '<think>\n\n</think>\n\n'
-    wrong_total = evaluate.score_extraction(thinking + '{"vendor": "Acme", "total": "12.5", "currency": "EUR"}',
-                                            reference)
-    assert wrong_total == {"valid_json": True, "fields": 3, "fields_correct": 2, "exact": False}
-    assert evaluate.score_extraction('{"vendor": "Acme", "total": ', reference)["valid_json"] is False
-    assert evaluate.score_extraction('["Acme"]', reference)["fields_correct"] == 0
-    extra_key = evaluate.score_extraction('{"vendor": "Acme", "total": "12.50", "currency": "EUR", "x": 1}', reference)
-    assert extra_key["fields_correct"] == 3 and not extra_key["exact"]
-    assert evaluate.summarize([wrong_total, extra_key])["field_exact_match"] == pytest.approx(5 / 6)
+    reference = '{"vendor": "Acme", "total": "12.50", "currency": "EUR"}'
+    thinking = "<think>\n\n</think>\n\n"
+    assert evaluate.score_reply(thinking + reference, reference) == \
+        {"json_valid": True, "fields": 3, "fields_matched": 3, "exact": True}
+    wrong_total = evaluate.score_reply(thinking + '{"vendor": "Acme", "total": "12.5", "currency": "EUR"}', reference)
+    assert wrong_total == {"json_valid": True, "fields": 3, "fields_matched": 2, "exact": False}
+    assert evaluate.score_reply(thinking + '{"vendor": "Acme", "total": ', reference)["json_valid"] is False
 
 
 def test_torch_logprobs_match_autograd_of_log_softmax():

@@ -89,7 +89,7 @@ for path in sorted(out.glob("*/metrics.json")):
     row["devices"] = metrics["environment"]["devices"]
     for when in ("before", "after"):
         if when in metrics:
-            row[when] = {k: metrics[when][k] for k in ("json_valid_rate", "field_exact_match")}
+            row[when] = {k: metrics[when][k] for k in ("json_valid", "field_exact_match")}
     summary[path.parent.name] = row
     gib = [round(b / 2**30, 1) for b in metrics.get("peak_memory_bytes", [])]
     mfu = f"MFU {metrics['mfu']:.1%}" if metrics.get("mfu") else ""

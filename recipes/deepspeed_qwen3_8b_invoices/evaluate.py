@@ -3,8 +3,8 @@
     python evaluate.py --model runs/qwen3_8b_invoices/final_model --data ../../data/invoices --samples 100
 
 Greedy generation with the chat template and thinking disabled (enable_thinking=False), as in training.
-A reply scores per field: a field is right when the reply is a JSON object whose value for that key equals
-the reference's (as strings, surrounding spaces ignored). `exact` means every field right and no extra key.
+Scored with the cookbook's extraction scorer (`nbhelpers.extraction`, also used on `data/invoices`): JSON
+validity, field-level exact match, and document exact match (every field right, no extra key).
 """
 from __future__ import annotations
 
@@ -14,31 +14,14 @@ import re
 
 import torch
 
-_FENCE = re.compile(r"^```(?:json)?\s*|\s*```$")
+from nbhelpers.extraction import score_extraction, summarize
+
 _THINK = re.compile(r"^\s*<think>.*?</think>\s*", re.DOTALL)
 
 
-def score_extraction(reply: str, reference: dict) -> dict:
-    """{valid_json, fields, fields_correct, exact} for one reply against the reference fields."""
-    text = _FENCE.sub("", _THINK.sub("", reply).strip()).strip()
-    try:
-        predicted = json.loads(text)
-    except json.JSONDecodeError:
-        predicted = None
-    valid = isinstance(predicted, dict)
-    correct = sum(1 for key, value in reference.items()
-                  if valid and key in predicted and str(predicted[key]).strip() == str(value).strip())
-    return {"valid_json": valid, "fields": len(reference), "fields_correct": correct,
-            "exact": valid and correct == len(reference) and set(predicted) == set(reference)}
-
-
-def summarize(scores: list[dict]) -> dict:
-    n = len(scores)
-    fields = sum(s["fields"] for s in scores)
-    return {"samples": n,
-            "json_valid_rate": sum(s["valid_json"] for s in scores) / n if n else None,
-            "field_exact_match": sum(s["fields_correct"] for s in scores) / fields if fields else None,
-            "document_exact_match": sum(s["exact"] for s in scores) / n if n else None}
+def score_reply(reply: str, completion: str) -> dict:
+    """One reply against the reference completion's JSON; Qwen3's (empty) think block is not part of the answer."""
+    return score_extraction(_THINK.sub("", reply), completion)
 
 
 @torch.no_grad()
@@ -65,7 +48,7 @@ def evaluate_rows(model, tokenizer, rows, max_new_tokens: int = 160, batch_size:
     replies = generate_replies(model, tokenizer, [row["prompt"] for row in rows], max_new_tokens, batch_size)
     scores = []
     for row, reply in zip(rows, replies):
-        score = score_extraction(reply, json.loads(row["completion"][0]["content"]))
+        score = score_reply(reply, row["completion"][0]["content"])
         scores.append({**score, "reply": reply[:300]})
     return scores
 

@@ -26,10 +26,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 from trl import SFTConfig, SFTTrainer
 
-from evaluate import evaluate_rows, summarize
+from evaluate import evaluate_rows
 from nbhelpers.metrics import peak_memory_bytes, write_metrics
 from nbhelpers.recipes import (gather_rank_facts, init_distributed, load_rows, parse_config, shutdown,
                                stop_clearly_if_a_peer_is_lost)
+from nbhelpers.extraction import summarize
 from nbhelpers.trl_cpu import use_torch_loss
 
 HERE = Path(__file__).resolve().parent
@@ -157,9 +158,9 @@ def run(cfg, device, rank, world_size, output_dir):
             tokens_per_s=tokens_seen / train_seconds if tokens_seen else None,
             before=before, after=after, saved_model=str(output_dir / "final_model"), config=cfg)
         print(f"eval loss {eval_losses[0]:.4f} -> best {min(eval_losses[1:] or eval_losses):.4f}; held-out "
-              f"JSON valid {before['json_valid_rate']:.0%} -> {after['json_valid_rate']:.0%}, field exact match "
+              f"JSON valid {before['json_valid']:.0%} -> {after['json_valid']:.0%}, field exact match "
               f"{before['field_exact_match']:.0%} -> {after['field_exact_match']:.0%}; metrics in {path}", flush=True)
-    print(json.dumps({"rank": rank, "after": {k: after[k] for k in ("json_valid_rate", "field_exact_match")}}))
+    print(json.dumps({"rank": rank, "after": {k: after[k] for k in ("json_valid", "field_exact_match")}}))
 
 
 if __name__ == "__main__":
