@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Issue 6 evidence on the GPU machine: Unsloth vs plain TRL + PEFT (SDPA), LoRA SFT of the full-size
 # Llama-3.2-3B stand-in (random weights), same data, LoRA and batch; tokens/s and peak memory per GPU.
-# Runs: [Unsloth 1 GPU on GPU 0 | TRL 1 GPU on GPU 1] side by side, then Unsloth DDP on 2 GPUs, then TRL
-# DDP on 2 GPUs. Needs the `unsloth` and `trl` profiles of shared/device/pack-site.sh carried (.devsite/).
+# Runs, one at a time: Unsloth on 1 GPU, TRL on 1 GPU, Unsloth DDP on 2 GPUs, TRL DDP on 2 GPUs (the
+# 2026-11-30 run had the two 1-GPU runs side by side, one per GPU, which made Unsloth's 1 -> 2 GPU scaling
+# read 2.11x: a 1-GPU figure must not share the host with another run). Needs the `unsloth` and `trl` profiles of shared/device/pack-site.sh carried (.devsite/).
 # Knobs: STEPS (optimizer steps, warm-up included), WARMUP (untimed first steps).
 set -uo pipefail
 out=$RESULTS/unsloth; mkdir -p "$out"
@@ -16,9 +17,8 @@ bench() {  # bench ENGINE GPUS NAME [CUDA_VISIBLE_DEVICES]
     --out "$out/$3.json" > "$out/$3.log" 2>&1
   echo "$3: rc=$? $(grep -E 'tokens/s' "$out/$3.log" | tail -1)"
 }
-bench unsloth 1 unsloth_1gpu 0 &
-bench trl 1 trl_1gpu 1 &
-wait
+bench unsloth 1 unsloth_1gpu 0
+bench trl 1 trl_1gpu 0
 bench unsloth 2 unsloth_2gpu
 bench trl 2 trl_2gpu
 python3 - "$out" <<'PY'
