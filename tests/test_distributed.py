@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 import nbhelpers.launcher as launcher
 from nbhelpers import DistributedError, backend, distributed
+from timed_stream import TimedStream
 
 TORCHRUN_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 INFRASTRUCTURE = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
@@ -236,22 +237,6 @@ def test_a_plain_call_runs_in_this_process_as_rank_zero_of_one():
 
 
 # --- output ----------------------------------------------------------------------------------------
-
-class TimedStream:
-    """Stands in for the cell's stdout: records when each piece of text arrived."""
-
-    def __init__(self):
-        self.pieces = []
-
-    def write(self, text):
-        self.pieces.append((time.monotonic(), text))
-        return len(text)
-
-    def flush(self):
-        pass
-
-    def text(self):
-        return "".join(t for _, t in self.pieces)
 
 
 def test_each_ranks_output_streams_live_with_its_rank_as_prefix(monkeypatch):

@@ -17,6 +17,7 @@ import ray
 import torch
 import torch.distributed as dist
 from ray_cluster import connect, start_loopback_cluster, stop_loopback_cluster
+from timed_stream import TimedStream
 
 from nbhelpers import DistributedError, distributed
 from nbhelpers.ray_engine import rank_layout
@@ -64,23 +65,6 @@ def assert_nothing_left():
     while any(left := leftovers()) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(left), f"left behind (actors, placement groups, processes): {left}"
-
-
-class TimedStream:
-    """Stands in for the cell's stdout/stderr: records when each piece of text arrived."""
-
-    def __init__(self):
-        self.pieces = []
-
-    def write(self, text):
-        self.pieces.append((time.monotonic(), text))
-        return len(text)
-
-    def flush(self):
-        pass
-
-    def text(self):
-        return "".join(t for _, t in self.pieces)
 
 
 def test_ranks_on_two_nodes_get_the_torchrun_environment_and_results_come_back_in_rank_order():
