@@ -31,7 +31,7 @@ from nbhelpers.metrics import peak_memory_bytes, write_metrics
 from nbhelpers.recipes import (gather_rank_facts, init_distributed, load_rows, parse_config, shutdown,
                                stop_clearly_if_a_peer_is_lost)
 from nbhelpers.extraction import summarize
-from nbhelpers.trl_cpu import use_torch_loss
+from nbhelpers.trl_cpu import skip_deepspeed_shm_build, use_torch_loss
 
 HERE = Path(__file__).resolve().parent
 
@@ -62,9 +62,7 @@ def main():
 def run(cfg, device, rank, world_size, output_dir):
     on_gpu = device.type == "cuda"
     if not on_gpu:
-        # DeepSpeed's CPU accelerator would first JIT-compile a shared-memory all-reduce op (minutes of
-        # C++ on a small machine); the gloo process group does the same job for the CPU tests.
-        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+        skip_deepspeed_shm_build()  # no minutes of C++ JIT for a shared-memory all-reduce: gloo does that job
         use_torch_loss()  # TRL's token log-probabilities are a Triton (GPU) kernel; the same in PyTorch
     deepspeed.init_distributed(dist_backend=dist.get_backend())  # DeepSpeed's comm layer over our process group
     train_rows = load_rows(cfg["dataset"], "train")
