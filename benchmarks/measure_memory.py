@@ -18,8 +18,8 @@ processes (gloo) to check the logic; memory figures are then process RSS peaks, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
-import importlib
 import json
 import os
 import time
@@ -31,6 +31,7 @@ import torch.distributed as dist
 from nbhelpers import standins
 from nbhelpers.metrics import environment, peak_memory_bytes
 from nbhelpers.plan import plan
+from nbhelpers.trl_cpu import skip_deepspeed_shm_build
 
 PLANNER_KEY = {"ddp": "ddp", "fsdp2": "fsdp", "zero3": "zero3"}
 
@@ -44,6 +45,18 @@ def build(config, dev, dtype):
     return model.train()
 
 
+def adamw_step(model, optimizer, precision=None):
+    """One training step(input_ids) -> loss of a causal LM, under `precision` (an autocast context) if given."""
+    def step(ids):
+        with precision or contextlib.nullcontext():
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+    return step
+
+
 def setup(technique: str, checkpointing: bool, config, dev, lr: float = 1e-5):
     """(model or engine, one training step(input_ids) -> loss)."""
     if technique == "ddp":
@@ -54,15 +67,7 @@ def setup(technique: str, checkpointing: bool, config, dev, lr: float = 1e-5):
             model.gradient_checkpointing_enable()
         model = DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None)
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-
-        def step(ids):
-            with torch.autocast(dev.type, dtype=torch.bfloat16):
-                loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            return loss
-        return (model, optimizer), step
+        return (model, optimizer), adamw_step(model, optimizer, torch.autocast(dev.type, dtype=torch.bfloat16))
 
     if technique == "fsdp2":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -75,20 +80,13 @@ def setup(technique: str, checkpointing: bool, config, dev, lr: float = 1e-5):
             fully_shard(layer, mp_policy=policy)
         fully_shard(model, mp_policy=policy)
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-
-        def step(ids):
-            loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            return loss
-        return (model, optimizer), step
+        return (model, optimizer), adamw_step(model, optimizer)  # bf16 comes from the policy, not autocast
 
     if technique == "zero3":
         import deepspeed
 
         if dev.type == "cpu":  # CPU dry run: skip JIT-compiling DeepSpeed's shared-memory all-reduce (minutes)
-            importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+            skip_deepspeed_shm_build()
         model = build(config, dev, torch.bfloat16)
         if checkpointing:
             model.gradient_checkpointing_enable()
