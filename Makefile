@@ -13,10 +13,22 @@ AXOLOTL_TORCH ?= torch==2.13.0
 RUNS ?= runs
 PAPERMILL = $(VENV)/bin/papermill --execution-timeout 900 --no-progress-bar
 
+# A venv with the CUDA build of torch takes about 7.2 GB, the Axolotl one 4.6 GB; pip also unpacks wheels.
+# Refuse early with advice instead of failing half-way with "No space left on device".
+define need_free_gb
+	@free=$$(df -Pk $(dir $(abspath $(1))) | awk 'NR==2 {print int($$4 / 1048576)}'); \
+	if [ "$$free" -lt $(2) ]; then \
+		echo "make: $(1) needs about $(2) GB free on its disk, $$free GB are free there." >&2; \
+		echo "      Free some space (old clones, ~/.cache), or put it on a bigger disk: make $(3)=/big/disk/$(notdir $(1))" >&2; \
+		exit 1; \
+	fi
+endef
+
 .PHONY: setup setup-axolotl quickstart test
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml Makefile
+	$(call need_free_gb,$(VENV),9,VENV)
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip
 	$(VENV)/bin/python -m pip install -q $(TORCH)
@@ -29,6 +41,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 setup-axolotl: $(AXOLOTL_VENV)/.installed
 
 $(AXOLOTL_VENV)/.installed: environments/axolotl/requirements.txt pyproject.toml Makefile $(VENV)/.installed
+	$(call need_free_gb,$(AXOLOTL_VENV),6,AXOLOTL_VENV)
 	test -x $(AXOLOTL_VENV)/bin/python || $(PYTHON) -m venv $(AXOLOTL_VENV)
 	$(AXOLOTL_VENV)/bin/python -m pip install -q --upgrade pip
 	$(AXOLOTL_VENV)/bin/python -m pip install -q $(AXOLOTL_TORCH)
