@@ -8,6 +8,7 @@ template, but random weights and a byte-level BPE trained on data/ (see data/mak
     from nbhelpers import standins
     path = standins.make("llama-3.2-1b", size="tiny", out="/tmp/llama")     # a few MB, seconds
     standins.make("gpt-oss-20b", size="full", out="/data/gpt-oss-20b", weights=True)   # on the GPU box
+    standins.make("gpt-oss-20b", size="tiny", out="/tmp/gpt-oss", mxfp4=True)  # experts in MXFP4, as on the hub
     model = standins.build("gpt-oss-120b", size="full")                     # on the meta device: no memory
 
     python -m nbhelpers.standins make llama-3.2-1b --size tiny --out /tmp/llama
@@ -18,6 +19,9 @@ attention sinks, rope scaling, qk-norm, tied or untied embeddings) at a width of
 is exactly the tokenizer's. `full` has the published dimensions and vocabulary size; the tokenizer stays
 small, so ids above len(tokenizer) are simply never used (real checkpoints pad their vocabularies the
 same way), and the config's special-token ids are the stand-in tokenizer's, not the hub ones.
+GPT-OSS: the hub checkpoints store the MoE experts in MXFP4 (4-bit values in blocks of 32 sharing an
+8-bit exponent); `mxfp4=True` writes them the same way, so the notebooks' dequantise-on-load path is the
+one that runs, and a full-size 20B takes 14 GB on disk instead of 42 GB.
 """
 from __future__ import annotations
 
@@ -350,6 +354,11 @@ ARCHS = {
         tiny=dict(QWEN3_TINY, tie_word_embeddings=True)),
 }
 SIZES = ("tiny", "full")
+# config.json's quantization_config of the GPT-OSS hub checkpoints: only the experts are MXFP4
+MXFP4_QUANTIZATION = {"quant_method": "mxfp4", "modules_to_not_convert": [
+    "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+MXFP4_TENSORS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+FP4_RMS = math.sqrt(sum(v * v for v in (0, 0.5, 1, 1.5, 2, 3, 4, 6)) / 8)  # of the 16 E2M1 codes, drawn uniformly
 
 
 def _arch(arch: str) -> Arch:
@@ -429,7 +438,7 @@ def count_parameters(model) -> int:
 
 
 def make(arch: str, size: str = "tiny", out: str | Path = "standin", weights: bool | None = None,
-         layers: int | None = None, device: str | None = None) -> Path:
+         layers: int | None = None, device: str | None = None, mxfp4: bool = False) -> Path:
     """Save a stand-in to `out` (config, generation config, tokenizer, and weights) and return its path.
 
     weights: default True for tiny; for full, False saves config + tokenizer only (build the model with
@@ -437,8 +446,14 @@ def make(arch: str, size: str = "tiny", out: str | Path = "standin", weights: bo
     `device` (default: the GPU if there is one), so even a model larger than one GPU is written quickly.
     Full bf16 weights take 2 bytes per parameter on disk (gpt-oss-20b 42 GB, gpt-oss-120b 234 GB): where
     the disk is smaller, pass `layers` for a model of the full width with fewer layers, and say so.
+    mxfp4 (GPT-OSS only): store the experts as the hub checkpoints do (about 4.25 bits per expert weight;
+    gpt-oss-20b 14 GB, gpt-oss-120b 65 GB); `from_pretrained(..., quantization_config=Mxfp4Config(dequantize=True))`
+    turns them into bf16 on load.
     """
     spec = _arch(arch)
+    if mxfp4 and spec.config_class != "GptOssConfig":
+        raise ValueError(f"mxfp4 is how the GPT-OSS checkpoints store their MoE experts; {arch} has no such "
+                         "checkpoint: leave mxfp4 off")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for stale in [*out.glob("model*.safetensors"), *out.glob("model.safetensors.index.json")]:
@@ -446,8 +461,10 @@ def make(arch: str, size: str = "tiny", out: str | Path = "standin", weights: bo
     weights = (size == "tiny") if weights is None else weights
     tok = tokenizer(arch)
     cfg = config(arch, size, layers)
+    if mxfp4:
+        cfg.quantization_config = dict(MXFP4_QUANTIZATION)
     tok.save_pretrained(out)
-    if weights and size == "tiny":
+    if weights and size == "tiny" and not mxfp4:
         model = build(arch, size, device=device or "cpu", layers=layers)
         model.save_pretrained(out)
         n_parameters = count_parameters(model)
@@ -456,13 +473,14 @@ def make(arch: str, size: str = "tiny", out: str | Path = "standin", weights: bo
         model = build(arch, size, device="meta", layers=layers)
         n_parameters = count_parameters(model)
         if weights:
-            device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-            write_random_weights(model, out, device=device, dtype=torch.bfloat16)
+            device = device or ("cuda" if torch.cuda.is_available() and size == "full" else "cpu")
+            write_random_weights(model, out, device=device, dtype=model.dtype, mxfp4_experts=mxfp4)
     generation_config(arch).save_pretrained(out)  # after the model's, which would overwrite it
     (out / "standin.json").write_text(json.dumps({
         "arch": arch, "size": size, "stands_in_for": spec.hub_id, "config_class": spec.config_class,
         "parameters": n_parameters, "published_parameters": spec.published_parameters,
         "weights": "random" if weights else "none (config and tokenizer only)",
+        "experts": "mxfp4 (as the hub checkpoint)" if mxfp4 else str(cfg.dtype).removeprefix("torch."),
         "note": "A random-weight stand-in with the real architecture, made by nbhelpers.standins; "
                 "its tokenizer is a small BPE trained on the cookbook's data, not the hub tokenizer.",
     }, indent=2) + "\n")
@@ -470,30 +488,39 @@ def make(arch: str, size: str = "tiny", out: str | Path = "standin", weights: bo
 
 
 def write_random_weights(model, out: Path, device: str, dtype: torch.dtype = torch.bfloat16,
-                         shard_bytes: int = 4 * 2**30, seed: int = 0) -> None:
+                         shard_bytes: int = 4 * 2**30, seed: int = 0, mxfp4_experts: bool = False) -> None:
     """Write random weights for a (meta) model's parameters as safetensors shards, one tensor at a time.
 
     Initialisation follows the models' own: normal(0, initializer_range) for matrices, embeddings, expert
     tensors and attention sinks; ones for norm weights; zeros for biases. Tied weights are written once.
+    mxfp4_experts: each GPT-OSS expert tensor [E, X, Y] is written as the hub stores it, `NAME_blocks`
+    [E, Y, X/32, 16] (two random 4-bit codes per byte) and `NAME_scales` [E, Y, X/32] (a power of two
+    giving about the same spread as normal(0, initializer_range)).
     """
     from safetensors.torch import save_file
 
     std = model.config.initializer_range
-    tensors = []  # (name, shape, kind)
+    scale_exponent = 127 + round(math.log2(std / FP4_RMS))  # MXFP4 scales are 2 ** (byte - 127)
+    tensors = []  # (name, parameter, kind)
     for module_name, module in model.named_modules():
         is_norm = "norm" in type(module).__name__.lower()
         for name, parameter in module.named_parameters(recurse=False):
             kind = "ones" if is_norm else "zeros" if name.endswith("bias") else "normal"
             tensors.append((f"{module_name}.{name}" if module_name else name, parameter, kind))
-    seen, unique = set(), []
+    seen, unique = set(), []  # (name, shape, kind, dtype)
     for name, parameter, kind in tensors:  # tied parameters are the same object: keep the first name
-        if id(parameter) not in seen:
-            seen.add(id(parameter))
-            unique.append((name, tuple(parameter.shape), kind))
-    element = torch.tensor([], dtype=dtype).element_size()
+        if id(parameter) in seen:
+            continue
+        seen.add(id(parameter))
+        if mxfp4_experts and name.endswith(MXFP4_TENSORS):
+            experts, rows, columns = parameter.shape  # the hub stores the transpose, in blocks of 32 rows
+            unique.append((f"{name}_blocks", (experts, columns, rows // 32, 16), "fp4_codes", torch.uint8))
+            unique.append((f"{name}_scales", (experts, columns, rows // 32), "fp4_scales", torch.uint8))
+        else:
+            unique.append((name, tuple(parameter.shape), kind, dtype))
     shards, current, current_bytes = [], [], 0
     for item in unique:
-        size = math.prod(item[1]) * element
+        size = math.prod(item[1]) * item[3].itemsize
         if current and current_bytes + size > shard_bytes:
             shards.append(current)
             current, current_bytes = [], 0
@@ -505,14 +532,18 @@ def write_random_weights(model, out: Path, device: str, dtype: torch.dtype = tor
     for index, shard in enumerate(shards, start=1):
         filename = "model.safetensors" if len(shards) == 1 else f"model-{index:05d}-of-{len(shards):05d}.safetensors"
         data = {}
-        for name, shape, kind in shard:
+        for name, shape, kind, tensor_dtype in shard:
             if kind == "normal":
                 tensor = torch.empty(shape, dtype=dtype, device=device).normal_(0.0, std, generator=generator)
+            elif kind == "fp4_codes":
+                tensor = torch.randint(0, 256, shape, dtype=torch.uint8, device=device, generator=generator)
+            elif kind == "fp4_scales":
+                tensor = torch.full(shape, scale_exponent, dtype=torch.uint8, device=device)
             else:
                 tensor = (torch.ones if kind == "ones" else torch.zeros)(shape, dtype=dtype, device=device)
             data[name] = tensor.cpu()
             weight_map[name] = filename
-            total += tensor.numel() * element
+            total += tensor.numel() * tensor_dtype.itemsize
         save_file(data, str(out / filename), metadata={"format": "pt"})
         del data
     if len(shards) > 1:
@@ -542,11 +573,13 @@ def main(argv=None) -> None:
                              help="write random weights (default: yes for tiny, no for full)")
     make_parser.add_argument("--layers", type=int, default=None, help="override the number of layers")
     make_parser.add_argument("--device", default=None, help="where to generate full-size weights (default: cuda if any)")
+    make_parser.add_argument("--mxfp4", action="store_true",
+                             help="GPT-OSS: store the experts in MXFP4, as the hub checkpoints do")
     commands.add_parser("table", help="published vs built parameter counts of the full sizes (meta device)")
     args = parser.parse_args(argv)
     if args.command == "make":
         path = make(args.arch, size=args.size, out=args.out, weights=args.weights, layers=args.layers,
-                    device=args.device)
+                    device=args.device, mxfp4=args.mxfp4)
         size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
         print(f"{args.arch} ({args.size}) -> {path}  {size / 2**20:.1f} MiB")
     else:

@@ -156,3 +156,37 @@ def test_cli_makes_a_full_size_config_without_weights(tmp_path):
     assert not list(out.glob("*.safetensors"))
     assert len(AutoTokenizer.from_pretrained(out)) < config.vocab_size  # the published vocabulary, padded
     assert json.loads((out / "standin.json").read_text())["stands_in_for"] == "meta-llama/Llama-3.2-1B-Instruct"
+
+
+def test_mxfp4_gpt_oss_stand_in_stores_its_experts_as_the_hub_does_and_dequantises_on_load(tmp_path):
+    from transformers import Mxfp4Config
+
+    out = standins.make("gpt-oss-20b", "tiny", out=tmp_path / "gpt-oss", mxfp4=True)
+    config = AutoConfig.from_pretrained(out)
+    assert config.quantization_config == standins.MXFP4_QUANTIZATION
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+        blocks = f.get_tensor("model.layers.0.mlp.experts.gate_up_proj_blocks")
+        scales = f.get_tensor("model.layers.0.mlp.experts.gate_up_proj_scales")
+    assert "model.layers.0.mlp.experts.gate_up_proj" not in names  # no bf16 copy of the experts
+    experts, hidden, width = config.num_local_experts, config.hidden_size, 2 * config.intermediate_size
+    assert blocks.dtype == scales.dtype == torch.uint8
+    assert tuple(blocks.shape) == (experts, width, hidden // 32, 16) and tuple(scales.shape) == (experts, width, hidden // 32)
+
+    model, info = AutoModelForCausalLM.from_pretrained(out, quantization_config=Mxfp4Config(dequantize=True),
+                                                       output_loading_info=True)
+    assert not any(info.values()), info
+    loaded = model.model.layers[0].mlp.experts.gate_up_proj
+    # Decoded by hand: two E2M1 codes per byte (low nibble first) times 2 ** (scale - 127), blocks of 32
+    # along the input dimension, stored transposed.
+    table = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
+    codes = torch.stack([blocks & 0x0F, blocks >> 4], dim=-1).long()
+    values = table[codes].reshape(experts, width, hidden // 32, 32) * torch.exp2(scales.float() - 127)[..., None]
+    expected = values.reshape(experts, width, hidden).transpose(1, 2)
+    assert torch.equal(loaded.float(), expected)
+    assert 0.015 < loaded.float().std().item() < 0.03  # about the spread of the bf16 stand-in's init
+
+
+def test_mxfp4_is_refused_for_a_model_whose_checkpoints_have_none(tmp_path):
+    with pytest.raises(ValueError, match="leave mxfp4 off"):
+        standins.make("llama-3.2-1b", "tiny", out=tmp_path / "llama", mxfp4=True)
