@@ -20,7 +20,10 @@ import pytest  # noqa: E402
 
 @pytest.fixture(scope="session")
 def standin(tmp_path_factory):
-    """standin(NAME) -> folder of a tiny offline stand-in model (built once per test session)."""
+    """standin(NAME) -> folder of a tiny offline stand-in model (built once per test session).
+
+    NAME is an architecture of nbhelpers.standins, with "+mxfp4" for GPT-OSS experts stored as on the hub.
+    """
     root = tmp_path_factory.mktemp("standins")
     built = {}
 
@@ -28,7 +31,8 @@ def standin(tmp_path_factory):
         if name not in built:
             from nbhelpers import standins
 
-            built[name] = standins.make(name, size="tiny", out=root / name)
+            arch, _, variant = name.partition("+")
+            built[name] = standins.make(arch, size="tiny", out=root / name, mxfp4=variant == "mxfp4")
         return built[name]
 
     return build

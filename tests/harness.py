@@ -62,7 +62,7 @@ def fill(value, output_dir: Path, standin):
             return str(generated_dataset(key.split(":", 1)[1]))
         raise KeyError(f"unknown placeholder {{{key}}} in a notebook case")
 
-    return re.sub(r"\{([a-z_]+(?::[A-Za-z0-9_.\-]+)?)\}", sub, value)
+    return re.sub(r"\{([a-z_]+(?::[A-Za-z0-9_.+\-]+)?)\}", sub, value)
 
 
 def run_notebook(case, workdir: Path, standin=None):

@@ -4,7 +4,8 @@ The runner (`harness.py`) executes each notebook with papermill and these parame
 `output_dir/metrics.json` against `expect`. Placeholders in string parameters are filled in:
   {output_dir}      a fresh folder for this run (every notebook has an `output_dir` parameter)
   {repo}            the repository root; {data} is {repo}/data
-  {standin:NAME}    a tiny offline stand-in model folder (nbhelpers.standins), built once per session
+  {standin:NAME}    a tiny offline stand-in model folder (nbhelpers.standins), built once per session;
+                    NAME+mxfp4: GPT-OSS experts stored in MXFP4, as in the hub checkpoints
   {dataset:NAME}    the folder data/make_NAME.py's make(out) writes (defaults), made once per session
 Expectations: metric -> (op, bound), where bound is a number/bool/str, or (other_metric, factor)
 meaning factor * metrics[other_metric]. Dotted metric names reach into nested dicts.
@@ -127,9 +128,10 @@ CASES = [
     # TRL notebooks: tiny random-weight stand-ins of the real architectures, a slice of the data, few steps.
     # LoRA on a frozen random base barely moves the loss (the random LM head caps the logits), so the
     # LoRA cases also check the token accuracy, which the adapters lift from ~0 within a few steps.
+    # The GPT-OSS stand-ins keep their experts in MXFP4 like the hub's, so the notebooks dequantise on load.
     NotebookCase(
         "notebooks/trl/ddp_gpt_oss_20b.ipynb",
-        parameters={"output_dir": "{output_dir}", "num_gpus": None, "model_name": "{standin:gpt-oss-20b}",
+        parameters={"output_dir": "{output_dir}", "num_gpus": None, "model_name": "{standin:gpt-oss-20b+mxfp4}",
                     "dataset_name": "{data}/multilingual_thinking", "dataset_split": "train[:160]", "max_length": 256,
                     "per_device_train_batch_size": 4, "gradient_accumulation_steps": 1, "max_steps": 20,
                     "learning_rate": 0.02, "lora_experts": True, "logging_steps": 5, "max_new_tokens": 16,
@@ -138,6 +140,7 @@ CASES = [
             "world_size": ("==", 2),
             "trainer_world_size": ("==", 2),
             "wrapped_model": ("==", "DistributedDataParallel"),
+            "checkpoint_quantization": ("==", "mxfp4"),  # loaded through the hub checkpoint's path
             "final_loss_vs_initial": ("<", 0.98),
             "final_token_accuracy": (">", 0.1),
             "adapter_saved": ("==", True),
@@ -147,7 +150,7 @@ CASES = [
     ),
     NotebookCase(
         "notebooks/trl/fsdp_gpt_oss_120b.ipynb",
-        parameters={"output_dir": "{output_dir}", "num_gpus": None, "model_name": "{standin:gpt-oss-120b}",
+        parameters={"output_dir": "{output_dir}", "num_gpus": None, "model_name": "{standin:gpt-oss-120b+mxfp4}",
                     "dataset_name": "{data}/multilingual_thinking", "dataset_split": "train[:160]", "max_length": 256,
                     "per_device_train_batch_size": 4, "gradient_accumulation_steps": 1, "max_steps": 20,
                     "learning_rate": 0.01, "logging_steps": 5},
@@ -155,6 +158,7 @@ CASES = [
             "world_size": ("==", 2),
             "trainer_world_size": ("==", 2),
             "fsdp_enabled": ("==", True),
+            "checkpoint_quantization": ("==", "mxfp4"),  # loaded through the hub checkpoint's path
             "decoder_layers_sharded": ("==", True),
             "dtensor_fraction": ("==", 1.0),
             "parameters_held_fraction_max": ("<", 0.55),
