@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 5 evidence on the 2x H200 machine: the three TRL notebooks through papermill, on random-weight
-# bf16 stand-ins of the real architectures written here, side by side in one run (see trl.md):
+# stand-ins of the real architectures written here, side by side in one run (see trl.md); the GPT-OSS ones
+# keep their experts in MXFP4 as the hub checkpoints do, and the notebooks dequantise them to bf16 on load:
 #   1. GPT-OSS-20B LoRA SFT: tokens/s on 1 GPU vs 2 GPUs with DDP (goal >= 1.9x)
 #   2. GPT-OSS-120B architecture, LoRA SFT with FSDP2 on 2 GPUs: per-GPU peak memory vs the unsharded size
 #   3. Llama-3.2-1B full fine-tune: per-GPU peak memory and tokens/s, ZeRO-3 vs DDP, same micro-batch,
@@ -44,10 +45,11 @@ pm() {  # pm NOTEBOOK RUN_NAME -p ...: execute a notebook into $out/RUN_NAME.ipy
     -p output_dir "$out/$name" -p mlflow_tracking_uri "sqlite:///$out/$name/mlflow.db" "$@"
 }
 
-# Stand-ins: real configs (fewer layers where said), random bf16 weights generated on the GPUs.
+# Stand-ins: real configs (fewer layers where said), random weights generated on the GPUs.
 make_standin() {  # make_standin ARCH DEVICE [LAYERS]
-  if [[ $size == tiny ]]; then python3 -m nbhelpers.standins make "$1" --size tiny --out "$models/$1"; return; fi
-  python3 -m nbhelpers.standins make "$1" --size full --weights --device "$2" --out "$models/$1" ${3:+--layers "$3"}
+  local mxfp4=; [[ $1 == gpt-oss-* ]] && mxfp4=--mxfp4  # as on the hub: 20B 14 GB, 120B 65 GB at full depth
+  if [[ $size == tiny ]]; then python3 -m nbhelpers.standins make "$1" --size tiny --out "$models/$1" $mxfp4; return; fi
+  python3 -m nbhelpers.standins make "$1" --size full --weights --device "$2" --out "$models/$1" ${3:+--layers "$3"} $mxfp4
 }
 export out models size
 export -f pm make_standin

@@ -40,6 +40,8 @@ def summarise(results: Path, layers_20b: int, layers_120b: int, models: Path | N
     if two:
         s.update(tokens_per_s_2gpu=two["tokens_per_s"], peak_memory_gib_2gpu=gib(two["peak_memory_bytes"]),
                  wrapped_model_2gpu=two["wrapped_model"], reply_2gpu=two.get("reply"))
+    if one or two:  # "mxfp4": the experts were stored as on the hub and dequantised on load
+        s["checkpoint_quantization"] = (two or one).get("checkpoint_quantization")
     if one and two:
         s["speedup"] = two["tokens_per_s"] / one["tokens_per_s"]
         s["goal_met"] = s["speedup"] >= s["goal_speedup"]
@@ -57,7 +59,8 @@ def summarise(results: Path, layers_20b: int, layers_120b: int, models: Path | N
                  peak_memory_gib_per_gpu=gib(peaks),
                  peak_memory_vs_unsharded=[p / fsdp["unsharded_parameter_bytes"] for p in peaks],
                  lora_rank_attention=fsdp["lora_rank_attention"], lora_rank_experts=fsdp["lora_rank_experts"],
-                 tokens_per_s=fsdp["tokens_per_s"], losses=fsdp["losses"])
+                 tokens_per_s=fsdp["tokens_per_s"], losses=fsdp["losses"],
+                 checkpoint_quantization=fsdp.get("checkpoint_quantization"))
     summary["gpt_oss_120b_fsdp2"] = s
 
     zero3, ddp = load(results, "llama_zero3_2gpu"), load(results, "llama_ddp_2gpu")
