@@ -480,7 +480,6 @@ def make(arch: str, size: str = "tiny", out: str | Path = "standin", weights: bo
         "arch": arch, "size": size, "stands_in_for": spec.hub_id, "config_class": spec.config_class,
         "parameters": n_parameters, "published_parameters": spec.published_parameters,
         "weights": "random" if weights else "none (config and tokenizer only)",
-        "experts": "mxfp4 (as the hub checkpoint)" if mxfp4 else str(cfg.dtype).removeprefix("torch."),
         "note": "A random-weight stand-in with the real architecture, made by nbhelpers.standins; "
                 "its tokenizer is a small BPE trained on the cookbook's data, not the hub tokenizer.",
     }, indent=2) + "\n")
@@ -534,16 +533,16 @@ def write_random_weights(model, out: Path, device: str, dtype: torch.dtype = tor
         data = {}
         for name, shape, kind, tensor_dtype in shard:
             if kind == "normal":
-                tensor = torch.empty(shape, dtype=dtype, device=device).normal_(0.0, std, generator=generator)
+                tensor = torch.empty(shape, dtype=tensor_dtype, device=device).normal_(0.0, std, generator=generator)
             elif kind == "fp4_codes":
-                tensor = torch.randint(0, 256, shape, dtype=torch.uint8, device=device, generator=generator)
+                tensor = torch.randint(0, 256, shape, dtype=tensor_dtype, device=device, generator=generator)
             elif kind == "fp4_scales":
-                tensor = torch.full(shape, scale_exponent, dtype=torch.uint8, device=device)
+                tensor = torch.full(shape, scale_exponent, dtype=tensor_dtype, device=device)
             else:
-                tensor = (torch.ones if kind == "ones" else torch.zeros)(shape, dtype=dtype, device=device)
+                tensor = (torch.ones if kind == "ones" else torch.zeros)(shape, dtype=tensor_dtype, device=device)
             data[name] = tensor.cpu()
             weight_map[name] = filename
-            total += tensor.numel() * tensor_dtype.itemsize
+            total += tensor.nbytes
         save_file(data, str(out / filename), metadata={"format": "pt"})
         del data
     if len(shards) > 1:
