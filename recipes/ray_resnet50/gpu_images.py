@@ -214,7 +214,8 @@ class JpegFolderLoader:
         self.root, self.batch_size, self.image_size, self.train = str(root), batch_size, image_size, train
         self.device, self.rank, self.world_size, self.seed = torch.device(device), rank, world_size, seed
         self.read_threads, self.scale, self.epoch = max(1, read_threads), scale, 0
-        self.classes, self.paths, self.labels, self.sizes = scan_image_folder(root)
+        # (not `.classes`: the name would make cloudpickle, shipping this module to Ray workers, take torch.classes)
+        self.class_names, self.paths, self.labels, self.sizes = scan_image_folder(root)
         if train and len(self.paths) // world_size < batch_size:
             raise ValueError(f"{root} has {len(self.paths)} images: {len(self.paths) // world_size} per worker for "
                              f"{world_size} worker(s), fewer than one batch of {batch_size}; lower the batch size")
@@ -224,7 +225,7 @@ class JpegFolderLoader:
 
     @property
     def num_classes(self) -> int:
-        return len(self.classes)
+        return len(self.class_names)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
