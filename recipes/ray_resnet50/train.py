@@ -110,9 +110,9 @@ def train_loop_per_worker(config: dict) -> dict:
 
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)  # the layout cuDNN's bf16 convolutions want
+    if config["torch_compile"]:  # in place (the state dict keeps its names), before DDP wraps it (no graph breaks)
+        model.compile()
     model = ray.train.torch.prepare_model(model)  # Ray: onto this worker's device, wrapped in DDP
-    if config["torch_compile"]:
-        model.compile()  # in place: the state dict keeps its names
     optimizer = torch.optim.AdamW(model.parameters(), lr=config["lr"], weight_decay=config["weight_decay"])
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])  # after the move: its state follows the parameters
