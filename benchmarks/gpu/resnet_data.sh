@@ -4,8 +4,10 @@
 #     JPEGs (~110 kB, ~0.2 MP) to local disk with every core, then trains the recipe's step at batch 256 fed by
 #     (a) synthetic tensors on the GPU (the ceiling), (b) the old DataLoader path, (c) the nvJPEG device path,
 #     (a) and (c) eager and compiled, and profiles (c)'s stages alone. About 3 minutes on one H200.
-#   stage recipe (STAGES=recipe; ray carried as for ray.sh): recipes/ray_resnet50/train.py under Ray Train on
-#     every GPU, device pipeline, eager then --torch_compile, 2 epochs each. About 4 minutes on one H200.
+#   stage recipe (STAGES=recipe; ray carried as for ray.sh): recipes/ray_resnet50/train.py under Ray Train,
+#     device pipeline, 2 epochs each, for each of RECIPE_MODES (default "eager torch_compile") on each of
+#     RECIPE_WORKERS workers (default 1, and every GPU when there are more). About 4 minutes on one H200;
+#     on 2 GPUs use RECIPE_MODES=torch_compile (1 and 2 workers: the scaling figure).
 # Results: $RESULTS/ray/resnet_data.json, resnet_data_summary.txt (one line), logs; recipe runs in
 # $RESULTS/ray/resnet50_data_*/metrics.json. A CPU dry run of the logic (seconds of training, no compile):
 #   RESULTS=/tmp/r RESNET_DATA_DRY_RUN=1 bash benchmarks/gpu/resnet_data.sh
@@ -25,6 +27,7 @@ else
   recipe_sizes=(--image-size 224 --batch-size "${BATCH:-256}" --weights none)
 fi
 
+df -hT /tmp > "$out/resnet_data_disk.txt" 2>&1  # where the JPEGs live (a tmpfs would be RAM, like the page cache)
 if [[ " $STAGES " == *" bench "* ]]; then
   python3 benchmarks/resnet_data.py --output_dir "$out" --data_dir "$work/images" "${sizes[@]}" > "$out/resnet_data.log" 2>&1
   say "bench: rc=$? $(cat "$out/resnet_data_summary.txt" 2>/dev/null || tail -n 3 "$out/resnet_data.log")"
@@ -42,13 +45,16 @@ if [[ " $STAGES " == *" recipe "* ]]; then
     own_ray=1
   fi
   gpus=$(python3 -c "import torch; print(max(1, torch.cuda.device_count()))")
-  for compile in no-torch_compile torch_compile; do
-    name=resnet50_data_${gpus}w_${compile#no-}
-    [ "$compile" = no-torch_compile ] && name=resnet50_data_${gpus}w_eager
-    python3 recipes/ray_resnet50/train.py --data "$work/images" --no-download "${recipe_sizes[@]}" --epochs 2 \
-      --num-workers "$gpus" --data_pipeline device --"$compile" --output-dir "$out/$name" \
-      --storage-path "$work/ray_results_$name" > "$out/$name.log" 2>&1
-    say "recipe $name: rc=$? $(grep '^final' "$out/$name.log")"
+  workers=${RECIPE_WORKERS:-$( [ "$gpus" -gt 1 ] && echo "1 $gpus" || echo 1 )}
+  for mode in ${RECIPE_MODES:-eager torch_compile}; do
+    for n in $workers; do
+      name=resnet50_data_${n}w_${mode}
+      compile_flag=--no-torch_compile; [ "$mode" = torch_compile ] && compile_flag=--torch_compile
+      python3 recipes/ray_resnet50/train.py --data "$work/images" --no-download "${recipe_sizes[@]}" --epochs 2 \
+        --num-workers "$n" --data_pipeline device "$compile_flag" --output-dir "$out/$name" \
+        --storage-path "$work/ray_results_$name" > "$out/$name.log" 2>&1
+      say "recipe $name: rc=$? $(grep '^final' "$out/$name.log")"
+    done
   done
   [ "$own_ray" = 1 ] && ray stop --force > /dev/null 2>&1
 fi
