@@ -26,6 +26,7 @@ import platform
 import sys
 import tempfile
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
@@ -285,52 +286,58 @@ def main(argv=None) -> None:
         num_classes = device_loader.num_classes
         warmup, steps = args.timing_warmup_steps, args.timed_steps
 
-        if device.type == "cuda":
-            results["check"] = gpu_matches_cpu(root / "val", device, size)
-            save("check")
-        results["profile"] = profile_stages(device_loader, device, batches=min(12, len(device_loader)))
-        batches = endless(device_loader)
-        results["profile"]["device_pipeline_alone"] = pipeline_alone(batches, device, warmup, steps)
-        batches.close()
-        save("profile")
+        def attempt(where: dict, name: str, measure) -> None:
+            """One phase; a failure is recorded and the next phase still runs."""
+            try:
+                where[name] = measure()
+            except Exception as err:  # noqa: BLE001 - the figures of the other phases are still worth having
+                traceback.print_exc()
+                where[name] = dict(error=f"{type(err).__name__}: {err}"[:2000])
+            save(name)
 
-        model, optimizer = make_model(num_classes, device, compile_model=False)
-        memory_format = torch.channels_last if device.type == "cuda" else torch.contiguous_format
-        synthetic = (torch.randn(batch, 3, size, size, device=device).contiguous(memory_format=memory_format),
-                     torch.randint(0, num_classes, (batch,), device=device))
+        def device_pipeline_alone():
+            batches = endless(device_loader)
+            try:
+                return pipeline_alone(batches, device, warmup, steps)
+            finally:
+                batches.close()
+
+        def trained_by(loader, also_alone: bool = False):
+            batches = endless(loader)
+            try:
+                result = timed_training(model, optimizer, batches, device, warmup, steps, bf16, loader=loader)
+                if also_alone:
+                    result["pipeline_alone"] = pipeline_alone(batches, device, warmup, steps)
+                return result
+            finally:
+                batches.close()
 
         def repeat(item):
             while True:
                 yield item
 
-        results["runs"]["synthetic_eager"] = timed_training(model, optimizer, repeat(synthetic), device, warmup, steps, bf16)
-        save("synthetic_eager")
-        batches = endless(device_loader)
-        results["runs"]["device_eager"] = timed_training(model, optimizer, batches, device, warmup, steps, bf16,
-                                                         loader=device_loader)
-        batches.close()
-        save("device_eager")
+        if device.type == "cuda":
+            attempt(results, "check", lambda: gpu_matches_cpu(root / "val", device, size))
+        attempt(results, "profile", lambda: profile_stages(device_loader, device, batches=min(12, len(device_loader))))
+        attempt(results["profile"], "device_pipeline_alone", device_pipeline_alone)
 
-        old = DataLoaderBatches(root / "train", loader_workers=args.dataloader_num_workers, **common)
-        batches = endless(old)
-        results["runs"]["dataloader_eager"] = timed_training(model, optimizer, batches, device, warmup, steps, bf16)
-        results["profile"]["dataloader_pipeline_alone"] = pipeline_alone(batches, device, warmup, steps)
-        batches.close()
-        del old, batches  # its worker processes end with it
-        save("dataloader_eager")
-
+        model, optimizer = make_model(num_classes, device, compile_model=False)
+        memory_format = torch.channels_last if device.type == "cuda" else torch.contiguous_format
+        synthetic = (torch.randn(batch, 3, size, size, device=device).contiguous(memory_format=memory_format),
+                     torch.randint(0, num_classes, (batch,), device=device))
+        runs = results["runs"]
+        attempt(runs, "synthetic_eager", lambda: timed_training(model, optimizer, repeat(synthetic), device, warmup, steps, bf16))
+        attempt(runs, "device_eager", lambda: trained_by(device_loader))
+        attempt(runs, "dataloader_eager", lambda: trained_by(  # its worker processes end with the loader
+            DataLoaderBatches(root / "train", loader_workers=args.dataloader_num_workers, **common), also_alone=True))
         if args.torch_compile:
             model.compile()  # in place, as the recipe's --torch_compile
             started = time.perf_counter()
-            results["runs"]["synthetic_compiled"] = timed_training(model, optimizer, repeat(synthetic), device,
-                                                                   warmup, steps, bf16)
-            results["runs"]["synthetic_compiled"]["compile_and_warmup_s"] = time.perf_counter() - started
-            save("synthetic_compiled")
-            batches = endless(device_loader)
-            results["runs"]["device_compiled"] = timed_training(model, optimizer, batches, device, warmup, steps, bf16,
-                                                                loader=device_loader)
-            batches.close()
-            save("device_compiled")
+            attempt(runs, "synthetic_compiled", lambda: {
+                **timed_training(model, optimizer, repeat(synthetic), device, warmup, steps, bf16),
+                "compile_and_warmup_s": time.perf_counter() - started})
+            attempt(runs, "device_compiled", lambda: trained_by(device_loader))
+        results["device_loader_stats"] = device_loader.stats
     finally:
         if scratch is not None:
             scratch.cleanup()
@@ -341,21 +348,35 @@ def main(argv=None) -> None:
 
 
 def summary_line(results: dict) -> str:
-    runs, profile = results["runs"], results["profile"]
+    """One line of the figures; a phase that failed or did not run shows as 'failed' or '-'."""
+    runs, profile = results["runs"], results.get("profile", {})
 
-    def rate(name):
-        return f"{runs[name]['images_per_s']:,.0f}" if name in runs else "-"
+    def figure(where: dict, *keys) -> str:
+        for key in keys:
+            if not isinstance(where, dict) or key not in where:
+                return "-"
+            if isinstance(where[key], dict) and "error" in where[key]:
+                return "failed"
+            where = where[key]
+        return f"{where:,.0f}"
 
-    line = (f"resnet_data {results['environment']['date'][:10]} {results['environment']['device']}, batch "
-            f"{results['settings']['per_device_train_batch_size']}, {results['data']['mean_kb']:.0f} kB JPEGs: images/s "
-            f"synthetic {rate('synthetic_eager')} eager / {rate('synthetic_compiled')} compiled | old DataLoader path "
-            f"{rate('dataloader_eager')} | device path {rate('device_eager')} eager / {rate('device_compiled')} compiled")
-    if "decode" in profile:
-        line += (f" | alone: reads {profile['read']['images_per_s']:,.0f}/s, nvJPEG {profile['decode']['images_per_s']:,.0f}/s, "
-                 f"crops {profile['augment']['images_per_s']:,.0f}/s, device pipeline "
-                 f"{profile['device_pipeline_alone']['images_per_s']:,.0f}/s, DataLoader pipeline "
-                 f"{profile['dataloader_pipeline_alone']['images_per_s']:,.0f}/s")
-    return line
+    def share(name: str, ceiling: str) -> str:
+        try:
+            return f" ({runs[name]['images_per_s'] / runs[ceiling]['images_per_s']:.0%} of the ceiling)"
+        except (KeyError, TypeError, ZeroDivisionError):
+            return ""
+
+    env = results.get("environment", {})
+    return (f"resnet_data {env.get('date', '')[:10]} {env.get('device', '?')}, batch "
+            f"{results['settings']['per_device_train_batch_size']}, {results['data']['mean_kb']:.0f} kB JPEGs, images/s: "
+            f"synthetic {figure(runs, 'synthetic_eager', 'images_per_s')} eager / "
+            f"{figure(runs, 'synthetic_compiled', 'images_per_s')} compiled | old DataLoader path "
+            f"{figure(runs, 'dataloader_eager', 'images_per_s')} | device path {figure(runs, 'device_eager', 'images_per_s')} "
+            f"eager{share('device_eager', 'synthetic_eager')} / {figure(runs, 'device_compiled', 'images_per_s')} compiled"
+            f"{share('device_compiled', 'synthetic_compiled')} | alone: file reads {figure(profile, 'read', 'images_per_s')}, "
+            f"nvJPEG {figure(profile, 'decode', 'images_per_s')}, crops {figure(profile, 'augment', 'images_per_s')}, "
+            f"device path {figure(profile, 'device_pipeline_alone', 'images_per_s')}, DataLoader path "
+            f"{figure(runs, 'dataloader_eager', 'pipeline_alone', 'images_per_s')}")
 
 
 if __name__ == "__main__":
