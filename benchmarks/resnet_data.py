@@ -185,7 +185,7 @@ def profile_stages(loader: JpegFolderLoader, device: torch.device, batches: int)
         read_s = time.perf_counter() - started
     nbytes = sum(int(job[4].sum()) for job in jobs)
     images = sum(len(b) for b in plan)
-    result = dict(batches=len(plan), images=images, mean_kb=nbytes / images / 1e3,
+    result = dict(batches=len(plan), images=images, mean_kb=nbytes / images / 1e3, nvjpeg=loader.uses_nvjpeg,
                   read=dict(images_per_s=images / read_s, mb_per_s=nbytes / read_s / 1e6, threads=loader.read_threads))
     if device.type == "cuda":
         pinned = jobs[0][2]

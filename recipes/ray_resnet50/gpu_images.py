@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torchvision
-from torchvision.io import ImageReadMode, decode_image, decode_jpeg
+from torchvision.io import ImageReadMode, decode_image, decode_jpeg, encode_jpeg
 
 # torchvision 0.29 (CI) deprecates its decoders in favour of TorchCodec, which the GPU machine lacks;
 # the call is the same in torchvision 0.26 (torch 2.11) through 0.29.
@@ -199,6 +199,15 @@ def decode_on_gpu(jpegs: list[torch.Tensor], paths: list[str], device: torch.dev
         return decoded
 
 
+def nvjpeg_problem(device: torch.device) -> str | None:
+    """None if torchvision's nvJPEG decodes on `device`, else what went wrong (e.g. a build without nvJPEG)."""
+    try:
+        decode_jpeg([encode_jpeg(torch.zeros(3, 8, 8, dtype=torch.uint8))], mode=ImageReadMode.RGB, device=device)
+        return None
+    except RuntimeError as err:
+        return str(err).splitlines()[0]
+
+
 class JpegFolderLoader:
     """Batches of one image folder for one rank, decoded and augmented on `device` (see the module docstring).
 
@@ -219,6 +228,15 @@ class JpegFolderLoader:
         if train and len(self.paths) // world_size < batch_size:
             raise ValueError(f"{root} has {len(self.paths)} images: {len(self.paths) // world_size} per worker for "
                              f"{world_size} worker(s), fewer than one batch of {batch_size}; lower the batch size")
+        self.uses_nvjpeg = False
+        if self.device.type == "cuda":
+            self.device = torch.device("cuda", torch.cuda.current_device() if self.device.index is None else self.device.index)
+            problem = nvjpeg_problem(self.device)
+            self.uses_nvjpeg = problem is None
+            if problem:
+                warnings.warn(f"nvJPEG cannot decode on {self.device} ({problem}): the {self.read_threads} read threads "
+                              "decode on the CPU instead, which is several times slower; install a torchvision built "
+                              "with nvJPEG (the PyPI CUDA wheels are)")
         scale_c = torch.tensor([1 / (255 * s) for s in IMAGENET_STD])
         self._scale, self._shift = scale_c.to(self.device), (-torch.tensor(IMAGENET_MEAN) / torch.tensor(IMAGENET_STD)).to(self.device)
         self.stats = dict(read_s=0.0, decode_s=0.0, augment_s=0.0, wait_s=0.0, images=0)
@@ -254,7 +272,7 @@ class JpegFolderLoader:
         paths = [self.paths[i] for i in indices]
         chunks = np.array_split(np.arange(len(indices)), min(self.read_threads, len(indices)))
         view = buffer.numpy()
-        on_cpu = self.device.type != "cuda"
+        on_cpu = not self.uses_nvjpeg
 
         def read_chunk(chunk):
             read_files([paths[i] for i in chunk], sizes[chunk], view, offsets[chunk])
@@ -271,7 +289,7 @@ class JpegFolderLoader:
         started = time.perf_counter()
         parts = [f.result() for f in futures]
         read_done = time.perf_counter()
-        if self.device.type == "cuda":
+        if self.uses_nvjpeg:
             jpegs = [buffer[o: o + s] for o, s in zip(offsets.tolist(), sizes.tolist())]
             decoded = decode_on_gpu(jpegs, paths, self.device)
         else:
@@ -297,6 +315,8 @@ class JpegFolderLoader:
         if self.device.type == "cuda":
             params = params.pin_memory().to(self.device, non_blocking=True)
         flat = torch.cat([d.reshape(-1) for d in decoded])
+        if flat.device.type != self.device.type:  # decoded on the CPU for a GPU
+            flat = flat.pin_memory().to(self.device, non_blocking=True)
         return resized_crops(flat, params, self.image_size, self._scale, self._shift)
 
     # --- iteration: a producer thread runs the stages PREFETCH_BATCHES ahead of the consumer ---
@@ -306,7 +326,7 @@ class JpegFolderLoader:
         ready: queue.Queue = queue.Queue(maxsize=PREFETCH_BATCHES)
         stop = threading.Event()
         on_gpu = self.device.type == "cuda"
-        device_index = (self.device.index if self.device.index is not None else torch.cuda.current_device()) if on_gpu else None
+        device_index = self.device.index if on_gpu else None
         thread = threading.Thread(target=self._produce, args=(batches, self.epoch, ready, stop, device_index),
                                   name="jpeg-batches", daemon=True)
         thread.start()
