@@ -16,7 +16,7 @@ from PIL import Image
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "recipes" / "ray_resnet50"))
 from gpu_images import (IMAGENET_MEAN, IMAGENET_STD, DataLoaderBatches, JpegFolderLoader, crop_boxes,  # noqa: E402
-                        resized_crops, shard_indices)
+                        decode_on_gpu, resized_crops, shard_indices)
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
 COLOURS = [(220, 30, 30), (30, 200, 40), (40, 60, 220)]
@@ -134,6 +134,19 @@ def test_a_corrupt_jpeg_stops_the_epoch_with_an_error_naming_the_file(tmp_path):
     with pytest.raises(ValueError, match=f"cannot decode {re.escape(str(bad))}"):
         for _ in loader(root, train=False):
             pass
+
+
+def test_a_batch_the_decoder_refuses_is_decoded_image_by_image_and_a_bad_file_is_named(tmp_path):
+    # decode_on_gpu's fallback, run with the CPU decoder in nvJPEG's place: ImageNet has PNGs named .JPEG
+    files = {"good.jpg": "JPEG", "png_in_disguise.jpg": "PNG"}
+    for name, kind in files.items():
+        Image.new("RGB", (12, 10), (200, 10, 10)).save(tmp_path / name, kind)
+    as_bytes = [torch.frombuffer(bytearray((tmp_path / n).read_bytes()), dtype=torch.uint8) for n in files]
+    decoded = decode_on_gpu(as_bytes, list(files), torch.device("cpu"))
+    assert [tuple(d.shape) for d in decoded] == [(3, 10, 12), (3, 10, 12)]
+    garbage = torch.frombuffer(bytearray(b"not an image at all" * 5), dtype=torch.uint8)
+    with pytest.raises(ValueError, match="cannot decode broken.jpg"):
+        decode_on_gpu([as_bytes[0], garbage], ["good.jpg", "broken.jpg"], torch.device("cpu"))
 
 
 def test_an_image_folder_with_non_jpeg_images_is_refused_before_reading_naming_one(tmp_path):
