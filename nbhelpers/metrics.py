@@ -70,10 +70,11 @@ def write_metrics(output_dir, results=None, /, **metrics) -> Path:
             print(f"metrics.json leaves out the ranks' {', '.join(sorted(left_out - set(metrics)))} (not JSON)")
     record.update(metrics)
     losses = metrics.get("losses")
-    if losses:
+    if losses and all(isinstance(loss, (int, float)) for loss in (losses[0], losses[-1])):
         record.setdefault("initial_loss", losses[0])
         record.setdefault("final_loss", losses[-1])
-        record.setdefault("final_loss_vs_initial", losses[-1] / losses[0])
+        if losses[0]:
+            record.setdefault("final_loss_vs_initial", losses[-1] / losses[0])
     record["environment"] = environment()
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
