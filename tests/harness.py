@@ -9,6 +9,7 @@ import operator
 import os
 import re
 import shutil
+from unittest import mock
 import tempfile
 from pathlib import Path
 
@@ -118,16 +119,8 @@ def hooks_in_kernel(hooks: tuple, folder: Path):
     _hook_module().parse(",".join(hooks))  # an unknown name fails here, not as a warning in the kernel's log
     added = {"PYTHONPATH": os.pathsep.join(filter(None, [str(HOOKS), os.environ.get("PYTHONPATH")])),
              "COOKBOOK_TEST_HOOKS": ",".join(hooks), "COOKBOOK_TEST_HOOKS_DIR": str(folder)}
-    saved = {key: os.environ.get(key) for key in added}
-    os.environ.update(added)  # the kernel inherits this process's environment when papermill starts it
-    try:
+    with mock.patch.dict(os.environ, added):  # the kernel inherits this process's environment when papermill starts it
         yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def hook_records(workdir: Path, hook: str) -> list[dict]:

@@ -141,7 +141,8 @@ def recipe_flags(recipe) -> set:
         for node in ast.walk(ast.parse(script.read_text())):
             if (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument"
                     and not any(k.arg == "help" and "SUPPRESS" in ast.unparse(k.value) for k in node.keywords)):
-                flags |= {a.value[2:] for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("--")}
+                flags |= {a.value[2:] for a in node.args
+                          if isinstance(a, ast.Constant) and str(a.value).startswith("--")}
     return flags
 
 
@@ -152,8 +153,9 @@ def test_no_code_cell_is_over_40_lines(path):
 
 @pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p not in NOT_YET_CONVERTED])
 def test_no_test_only_name_appears_in_a_notebook(path):
-    assert not names_only_for_tests(path), (f"{path} holds test machinery {names_only_for_tests(path)}: CPU fixes apply "
-                                       "themselves (nbhelpers), crash and recording hooks live in tests/hooks")
+    found = names_only_for_tests(path)
+    assert not found, (f"{path} holds test machinery {found}: CPU fixes apply themselves (nbhelpers), "
+                       "crash and recording hooks live in tests/hooks")
 
 
 @pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p not in NOT_YET_CONVERTED])

@@ -44,7 +44,8 @@ def test_misspelt_parameter_is_refused_with_a_suggestion_and_the_list():
 
 
 def test_wrong_type_is_refused_naming_the_expected_type():
-    with pytest.raises(ParameterError, match=r"'num_train_epochs' must be int \(its default is 20\), got 'abc' \(str\)"):
+    expected = r"'num_train_epochs' must be int \(its default is 20\), got 'abc' \(str\)"
+    with pytest.raises(ParameterError, match=expected):
         parameters_from_cells(["", PARAMETERS_CELL, injected(num_train_epochs="abc"), IMPORTS_CELL])
 
 

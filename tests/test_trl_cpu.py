@@ -77,8 +77,9 @@ SELF_APPLYING_SCRIPT = textwrap.dedent("""
     from accelerate.state import AcceleratorState, PartialState
     from nbhelpers.trl_cpu import TorchChunkedLogProbFunction, patch_for_cpu
     shm = importlib.import_module("deepspeed.comm.torch").build_shm_op
+    utils = importlib.import_module("trl.trainer.utils")
     facts = lambda: {
-        "torch_loss": importlib.import_module("trl.trainer.utils")._ChunkedLogProbFunction is TorchChunkedLogProbFunction,
+        "torch_loss": utils._ChunkedLogProbFunction is TorchChunkedLogProbFunction,
         "gloo_aware_accelerate": getattr(PartialState._prepare_backend, "_joins_cpu_processes", False),
         "fsdp_kept": getattr(AcceleratorState.__init__, "_keeps_fsdp_on_cpu", False),
         "deepspeed_shm_skipped": shm.__name__ == "<lambda>",
