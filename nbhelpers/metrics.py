@@ -44,6 +44,15 @@ def peak_memory_bytes(device) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
+def mlflow_tracking_uri(output_dir, tracking_uri: str = "") -> str:
+    """`tracking_uri`, or one SQLite store for every run of the project: the folder above output_dir.
+
+    Runs go to `runs/<name>` by default, so all of them land in `runs/mlflow.db`, one store to browse:
+    `mlflow ui --backend-store-uri sqlite:///runs/mlflow.db`.
+    """
+    return tracking_uri or f"sqlite:///{Path(output_dir).resolve().parent / 'mlflow.db'}"
+
+
 def write_metrics(output_dir, results=None, /, **metrics) -> Path:
     """Write `output_dir/metrics.json` (atomically): the metrics, the ranks' results and the environment.
 

@@ -44,3 +44,11 @@ def test_a_value_json_cannot_hold_is_left_out_and_named(tmp_path, capsys):
 def test_a_fact_without_meaning_for_one_rank_is_written_as_null(tmp_path):
     path = write_metrics(tmp_path, RESULTS[:1], params_identical_across_ranks=None)
     assert '"params_identical_across_ranks": null' in path.read_text()
+
+
+def test_mlflow_tracking_uri_defaults_to_one_store_beside_every_run(tmp_path):
+    from nbhelpers.metrics import mlflow_tracking_uri
+
+    assert mlflow_tracking_uri(tmp_path / "runs" / "a") == mlflow_tracking_uri(tmp_path / "runs" / "b")
+    assert mlflow_tracking_uri(tmp_path / "runs" / "a") == f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
+    assert mlflow_tracking_uri(tmp_path / "runs" / "a", "http://mlflow:5000") == "http://mlflow:5000"
