@@ -1,11 +1,11 @@
 """Hugging Face trainers (TRL, accelerate, DeepSpeed) on a machine without GPUs: CI and laptops.
 
-The notebooks run the same TRL code on GPUs and, for their tests, as 2 CPU processes. Four things in
+The notebooks run the same TRL code on GPUs and, for their tests, as 2 CPU processes. Five things in
 the current stack assume a GPU; the fixes below correct each of them when no GPU is visible, and do
 nothing when one is. They apply themselves: importing nbhelpers registers `apply_without_gpus` to run
 as soon as the module a fix patches is imported (nbhelpers/after_import.py), in the notebook's process,
 the launcher's fork server and every rank. Nothing needs calling; `patch_for_cpu()` (the explicit
-call older notebooks and recipes make) applies all four at once and is harmless after the automatic ones.
+call older notebooks and recipes make) applies all five at once and is harmless after the automatic ones.
 
 1. accelerate (under the Trainer) treats processes started like torchrun as one distributed job only
    on GPU-like devices; on CPUs, unless `use_cpu=True` is passed, each process silently trains alone,
@@ -20,6 +20,9 @@ call older notebooks and recipes make) applies all four at once and is harmless 
 4. DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce (C++, 30-60 s, and a build lock
    left by a killed build makes every later run wait for ever). Without it DeepSpeed uses
    torch.distributed (gloo) for its collectives, which is all a 2-process test needs.
+5. accelerate gives each CPU process of such a job the device `cpu:0`, which torch.load cannot map a
+   checkpoint to ("don't know how to restore data location ... (tagged with cpu:0)"): a Trainer resumed
+   from a checkpoint failed loading its optimizer state. Here the processes get the device `cpu`.
 """
 from __future__ import annotations
 
@@ -115,6 +118,25 @@ def join_cpu_processes() -> None:
     PartialState._prepare_backend = prepare_backend
 
 
+def plain_cpu_device() -> None:
+    """CPU processes of a gloo job get the device `cpu`, not `cpu:0` (which torch.load's map_location refuses)."""
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType
+
+    if getattr(PartialState.set_device, "_plain_cpu", False):
+        return
+    original = PartialState.set_device
+
+    @functools.wraps(original)
+    def set_device(self):
+        original(self)
+        if self.distributed_type == DistributedType.MULTI_CPU:
+            self.device = torch.device("cpu")
+
+    set_device._plain_cpu = True
+    PartialState.set_device = set_device
+
+
 def use_torch_loss() -> None:
     """TRL's fused LM head computes its per-token log-probabilities with `TorchChunkedLogProbFunction`."""
     # the module itself: right after it is imported (nbhelpers.after_import) it is not yet an attribute of trl.trainer
@@ -152,7 +174,7 @@ def skip_deepspeed_shm_build() -> None:
 
 # The module each fix patches; nbhelpers/__init__.py watches these names.
 FIXES = {
-    "accelerate.state": (join_cpu_processes, keep_fsdp_on_cpu),
+    "accelerate.state": (join_cpu_processes, keep_fsdp_on_cpu, plain_cpu_device),
     "trl.trainer.utils": (use_torch_loss,),
     "deepspeed.comm.torch": (skip_deepspeed_shm_build,),
 }
@@ -166,10 +188,10 @@ def apply_without_gpus(module) -> None:
 
 
 def patch_for_cpu() -> list[str]:
-    """Without a GPU, apply the four fixes above; return the names of those applied ([] on GPUs)."""
+    """Without a GPU, apply the five fixes above; return the names of those applied ([] on GPUs)."""
     if torch.cuda.is_available():
         return []
-    patches = [join_cpu_processes, use_torch_loss, keep_fsdp_on_cpu, skip_deepspeed_shm_build]
+    patches = [join_cpu_processes, use_torch_loss, keep_fsdp_on_cpu, skip_deepspeed_shm_build, plain_cpu_device]
     for patch in patches:
         patch()
     return [patch.__name__ for patch in patches]
