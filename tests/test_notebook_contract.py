@@ -26,7 +26,6 @@ NOT_YET_CONVERTED = {
     "notebooks/trl/ddp_gpt_oss_20b.ipynb",
     "notebooks/trl/deepspeed_llama_3_2_1b.ipynb",
     "notebooks/trl/fsdp_gpt_oss_120b.ipynb",
-    "notebooks/unsloth/ddp_llama_3_2_3b.ipynb",
 }
 NOT_YET_RENAMED_RECIPES = {
     "deepspeed_qwen3_8b_invoices",
