@@ -98,6 +98,8 @@ def seal(folder, metadata: dict | None = None, *, no_dist: bool = False) -> Path
 
 def _seal(folder: Path, metadata: dict | None, dist) -> None:
     text_of_metadata = json.dumps(metadata or {})  # not JSON: fail before any work
+    if dist is not None:
+        dist.barrier()  # every rank has written its files (an HF Trainer's rng_state_N.pth) before rank 0 lists them
     names = _on_rank0(dist, lambda: _files(folder))
     described = _each_rank_takes_a_share(dist, names, lambda name: _describe(folder / name, fsync=True))
     failed = {name: entry for name, entry in described.items() if "error" in entry}
@@ -267,17 +269,17 @@ def _on_rank0(dist, action):
     """Run `action` on rank 0 only; every rank returns its result (or raises its error). Also a barrier."""
     if dist is None:
         return action()
-    outcome = [None]
+    outcome, failure = [None], None
     if dist.get_rank() == 0:
         try:
             outcome = [("ok", action())]
         except Exception as error:  # noqa: BLE001 - raised on every rank below
-            outcome = [("error", f"{type(error).__name__}: {error}")]
+            outcome, failure = [("error", f"{type(error).__name__}: {error}")], error
     dist.broadcast_object_list(outcome, src=0)
     status, value = outcome[0]
+    if failure is not None:
+        raise failure
     if status == "error":
-        if dist.get_rank() == 0:
-            raise CheckpointError(value)
         raise CheckpointError(f"rank 0 failed: {value}")
     return value
 

@@ -1,16 +1,21 @@
 """Hugging Face trainers (TRL, accelerate, DeepSpeed) on a machine without GPUs: CI and laptops.
 
-The notebooks run the same TRL code on GPUs and, for their tests, as 2 CPU processes. Five things in
+The notebooks run the same TRL code on GPUs and, for their tests, as 2 CPU processes. Four things in
 the current stack assume a GPU; the fixes below correct each of them when no GPU is visible, and do
 nothing when one is. They apply themselves: importing nbhelpers registers `apply_without_gpus` to run
 as soon as the module a fix patches is imported (nbhelpers/after_import.py), in the notebook's process,
 the launcher's fork server and every rank. Nothing needs calling; `patch_for_cpu()` (the explicit
-call older notebooks and recipes make) applies all five at once and is harmless after the automatic ones.
+call older notebooks and recipes make) applies all four at once and is harmless after the automatic ones.
 
 1. accelerate (under the Trainer) treats processes started like torchrun as one distributed job only
    on GPU-like devices; on CPUs, unless `use_cpu=True` is passed, each process silently trains alone,
    and with DeepSpeed the Trainer and DeepSpeed then disagree on the world size. Here CPU processes
-   form a gloo job whatever the arguments, as GPUs form an NCCL one.
+   form a gloo job whatever the arguments, as GPUs form an NCCL one: any process with the torchrun
+   environment (LOCAL_RANK), one alone included, as accelerate decides for GPUs (FSDP then runs with
+   one rank, as on one GPU, instead of the Trainer refusing it; accelerate also wraps a lone CPU
+   process's model in DistributedDataParallel, which it does not for one GPU: harmless, as it has no
+   other rank to all-reduce with). Each rank's device is plain `cpu`: accelerate would name it
+   `cpu:RANK`, which torch.load cannot map tensors to, so resuming from a checkpoint failed.
 2. TRL 1.15 computes the SFT loss (and its logged entropy and accuracy) with a Triton kernel
    (`trl.kernels.ChunkedLogProbFunction`); Triton needs a GPU ("0 active drivers"). Replaced by the
    same computation in plain PyTorch (`TorchChunkedLogProbFunction`; like the kernel, its backward re-gathers a ZeRO-3 LM head).
@@ -20,9 +25,6 @@ call older notebooks and recipes make) applies all five at once and is harmless 
 4. DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce (C++, 30-60 s, and a build lock
    left by a killed build makes every later run wait for ever). Without it DeepSpeed uses
    torch.distributed (gloo) for its collectives, which is all a 2-process test needs.
-5. accelerate gives each CPU process of such a job the device `cpu:0`, which torch.load cannot map a
-   checkpoint to ("don't know how to restore data location ... (tagged with cpu:0)"): a Trainer resumed
-   from a checkpoint failed loading its optimizer state. Here the processes get the device `cpu`.
 """
 from __future__ import annotations
 
@@ -99,7 +101,8 @@ class TorchChunkedLogProbFunction(torch.autograd.Function):
 
 
 def join_cpu_processes() -> None:
-    """accelerate makes CPU processes with WORLD_SIZE > 1 one gloo job (MULTI_CPU) instead of unrelated single runs."""
+    """accelerate makes CPU processes with the torchrun environment one gloo job (MULTI_CPU), as it makes GPU ones an
+    NCCL job, instead of unrelated single runs; each rank's device is plain `cpu`."""
     from accelerate.state import PartialState
     from accelerate.utils import DistributedType
 
@@ -110,31 +113,21 @@ def join_cpu_processes() -> None:
     @functools.wraps(original)
     def prepare_backend(self, *args, **kwargs):
         backend, distributed_type = original(self, *args, **kwargs)
-        if distributed_type == DistributedType.NO and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        if distributed_type == DistributedType.NO and "LOCAL_RANK" in os.environ:
             return "gloo", DistributedType.MULTI_CPU
         return backend, distributed_type
 
     prepare_backend._joins_cpu_processes = True
     PartialState._prepare_backend = prepare_backend
+    set_device = PartialState.set_device
 
+    @functools.wraps(set_device)
+    def set_plain_cpu_device(self):
+        set_device(self)
+        if self.device is not None and self.device.type == "cpu":
+            self.device = torch.device("cpu")  # not cpu:RANK (torch.load's map_location knows no such device)
 
-def plain_cpu_device() -> None:
-    """CPU processes of a gloo job get the device `cpu`, not `cpu:0` (which torch.load's map_location refuses)."""
-    from accelerate.state import PartialState
-    from accelerate.utils import DistributedType
-
-    if getattr(PartialState.set_device, "_plain_cpu", False):
-        return
-    original = PartialState.set_device
-
-    @functools.wraps(original)
-    def set_device(self):
-        original(self)
-        if self.distributed_type == DistributedType.MULTI_CPU:
-            self.device = torch.device("cpu")
-
-    set_device._plain_cpu = True
-    PartialState.set_device = set_device
+    PartialState.set_device = set_plain_cpu_device
 
 
 def use_torch_loss() -> None:
@@ -174,7 +167,7 @@ def skip_deepspeed_shm_build() -> None:
 
 # The module each fix patches; nbhelpers/__init__.py watches these names.
 FIXES = {
-    "accelerate.state": (join_cpu_processes, keep_fsdp_on_cpu, plain_cpu_device),
+    "accelerate.state": (join_cpu_processes, keep_fsdp_on_cpu),
     "trl.trainer.utils": (use_torch_loss,),
     "deepspeed.comm.torch": (skip_deepspeed_shm_build,),
 }
@@ -188,10 +181,10 @@ def apply_without_gpus(module) -> None:
 
 
 def patch_for_cpu() -> list[str]:
-    """Without a GPU, apply the five fixes above; return the names of those applied ([] on GPUs)."""
+    """Without a GPU, apply the four fixes above; return the names of those applied ([] on GPUs)."""
     if torch.cuda.is_available():
         return []
-    patches = [join_cpu_processes, use_torch_loss, keep_fsdp_on_cpu, skip_deepspeed_shm_build, plain_cpu_device]
+    patches = [join_cpu_processes, use_torch_loss, keep_fsdp_on_cpu, skip_deepspeed_shm_build]
     for patch in patches:
         patch()
     return [patch.__name__ for patch in patches]

@@ -136,33 +136,6 @@ def mlflow_store(tracking_uri: str) -> dict:
             "models": models}
 
 
-_RUNS = {}
-
-
-def run_case(case, tmp_path_factory, standin=None):
-    """run_notebook(case) once per test session: (metrics, executed notebook, workdir, files it wrote into the
-    repository). Tests that check different things about one run (its expectations, a resume that must reproduce
-    it, the model it exported) share it instead of paying for it again."""
-    key = repr(case)
-    if key not in _RUNS:
-        workdir = tmp_path_factory.mktemp(Path(case.notebook).stem)
-        before = files_in_the_repo()
-        metrics, executed = run_notebook(case, workdir, standin)
-        written = sorted(os.path.relpath(p, REPO) for p in files_in_the_repo() - before)
-        _RUNS[key] = (metrics, executed, workdir, written)
-    return _RUNS[key]
-
-
-def files_in_the_repo() -> set:
-    """Every file under the repository but the environments, git's and caches."""
-    found = set()
-    for folder, subfolders, files in os.walk(REPO):
-        subfolders[:] = [d for d in subfolders if d not in (".git", "__pycache__", ".ipynb_checkpoints", ".pytest_cache")
-                         and not d.startswith((".venv", ".devsite"))]
-        found.update(os.path.join(folder, f) for f in files)
-    return found
-
-
 def _hook_module():
     spec = importlib.util.spec_from_file_location("cookbook_hooks", HOOKS / "cookbook_hooks.py")
     module = importlib.util.module_from_spec(spec)

@@ -83,7 +83,6 @@ SELF_APPLYING_SCRIPT = textwrap.dedent("""
         "gloo_aware_accelerate": getattr(PartialState._prepare_backend, "_joins_cpu_processes", False),
         "fsdp_kept": getattr(AcceleratorState.__init__, "_keeps_fsdp_on_cpu", False),
         "deepspeed_shm_skipped": shm.__name__ == "<lambda>",
-        "plain_cpu_device": getattr(PartialState.set_device, "_plain_cpu", False),
     }
     before = facts()
     patch_for_cpu()  # what the TRL notebooks still call explicitly
@@ -104,7 +103,7 @@ def _self_applying(**environ) -> dict:
 def test_cpu_process_gets_the_fixes_by_importing_nbhelpers_then_trl():
     got = _self_applying()
     assert got["automatic"] == {"torch_loss": True, "gloo_aware_accelerate": True, "fsdp_kept": True,
-                                "deepspeed_shm_skipped": True, "plain_cpu_device": True}
+                                "deepspeed_shm_skipped": True}
     assert got["after_explicit_call"] == got["automatic"] and got["wrapped_once"], "patch_for_cpu() stays harmless"
 
 

@@ -2,8 +2,9 @@
 resumes, on a rerun of the same command, to exactly the losses of the uninterrupted run; a model that cannot be found
 is named before any rank starts.
 
-The uninterrupted run is the 2-rank smoke case itself (harness.run_case runs it once per session). The kill is real:
-the `kill_rank_after_checkpoint` test hook SIGKILLs the last rank once the Trainer's first checkpoint is sealed.
+The uninterrupted run is the 2-rank smoke case itself (the notebook_run fixture runs it once per session). The kill
+is real: the `kill_rank_after_checkpoint` test hook SIGKILLs the last rank once the Trainer's first checkpoint is
+sealed.
 """
 import dataclasses
 
@@ -12,7 +13,7 @@ import pytest
 
 from nbhelpers import checkpoints
 
-from harness import hook_records, run_case, run_notebook
+from harness import hook_records, run_notebook
 from notebook_cases import CASES, NotebookCase
 
 NOTEBOOK = "notebooks/unsloth/ddp_llama_3_2_3b.ipynb"
@@ -21,8 +22,8 @@ SMOKE = next(c for c in CASES if c.notebook == NOTEBOOK and c.parameters["num_gp
 pytestmark = pytest.mark.notebook
 
 
-def test_killed_run_resumes_to_the_same_losses(tmp_path, tmp_path_factory, standin):
-    uninterrupted = run_case(SMOKE, tmp_path_factory, standin)[0]
+def test_killed_run_resumes_to_the_same_losses(tmp_path, standin, notebook_run):
+    uninterrupted = notebook_run(SMOKE)[0]
     killed = dataclasses.replace(SMOKE, hooks=("kill_rank_after_checkpoint=1",))
     # which rank the error blames is the launcher's to test
     with pytest.raises(papermill.PapermillExecutionError, match="DistributedError"):
