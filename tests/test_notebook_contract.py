@@ -18,7 +18,6 @@ RECIPES = sorted(p.name for p in (REPO / "recipes").iterdir() if (p / "train.py"
 # Issue 17: the notebooks and recipes not yet converted to the conventions. Their convention test is expected
 # to fail (strict: once one passes, the test fails until its name is taken out of the set).
 NOT_YET_CONVERTED = {
-    "notebooks/axolotl/ddp_olmo3_7b.ipynb",
     "notebooks/choose_your_technique.ipynb",
     "notebooks/lightning/ddp_two_tower.ipynb",
     "notebooks/pytorch/ddp_retinanet.ipynb",
