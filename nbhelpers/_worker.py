@@ -5,12 +5,17 @@ rank forked from it starts warm and may still use CUDA. Nothing here runs in the
 """
 from __future__ import annotations
 
+import contextlib
 import faulthandler
+import linecache
 import multiprocessing
 import os
+import pickle
 import signal
+import socket
 import sys
 import threading
+import time
 import traceback
 
 import cloudpickle
@@ -33,6 +38,58 @@ def _to_cpu(obj):
     if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
         return type(obj)(_to_cpu(v) for v in obj)
     return obj
+
+
+@contextlib.contextmanager
+def loopback_rendezvous():
+    """While inside: the TCPStore that rank 0 serves for `init_process_group` (env:// or tcp:// on
+    127.0.0.1) listens on 127.0.0.1 only. torch's own listens on every interface and has no setting for
+    it, so its store factory is wrapped to hand the store a socket bound to loopback (TCPStore's
+    `master_listen_fd`). Each init still gets a fresh store, as without the wrapper.
+    """
+    import importlib
+
+    from torch.distributed import TCPStore
+
+    rendezvous = importlib.import_module("torch.distributed.rendezvous")  # the attribute is a function of that name
+    create = getattr(rendezvous, "_create_c10d_store", None)
+    if create is None:  # a torch without it: its own store, on every interface (a test says so)
+        yield
+        return
+
+    def create_on_loopback(hostname, port, rank, world_size, timeout, use_libuv=True):
+        if rank != 0 or hostname not in ("127.0.0.1", "localhost") or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            return create(hostname, port, rank, world_size, timeout, use_libuv)
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's own: a re-init reuses the port
+            listener.bind(("127.0.0.1", port))
+            listener.listen(1024)
+        except OSError:  # the port is served in this process already (multi-tenant): torch reuses that server
+            listener.close()
+            return create(hostname, port, rank, world_size, timeout, use_libuv)
+        fd = listener.detach()  # the store owns the socket from here on
+        try:
+            return TCPStore(hostname, port, world_size, True, timeout, multi_tenant=True, master_listen_fd=fd,
+                            use_libuv=use_libuv)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    rendezvous._create_c10d_store = create_on_loopback
+    try:
+        yield
+    finally:
+        rendezvous._create_c10d_store = create
+
+
+def load_call(payload: bytes):
+    """(fn, args, kwargs) from launcher._pickle_call's bytes; the source lines that came with them go
+    into linecache, so that tracebacks show the lines of notebook cells."""
+    sources, call = pickle.loads(payload)
+    for filename, lines in sources.items():
+        linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)  # mtime None: kept
+    return cloudpickle.loads(call)
 
 
 def run_rank(rank, payload, environ, cwd, sys_path, threads, stdout, stderr, results, lifeline, stack_file):
@@ -58,15 +115,17 @@ def run_rank(rank, payload, environ, cwd, sys_path, threads, stdout, stderr, res
     torch.set_num_threads(threads)
 
     try:
-        fn, args, kwargs = cloudpickle.loads(payload)
-        result = _to_cpu(fn(*args, **kwargs))
+        fn, args, kwargs = load_call(payload)
+        with loopback_rendezvous():
+            result = _to_cpu(fn(*args, **kwargs))
         try:
             message = cloudpickle.dumps(("ok", result))
         except Exception as exc:
             raise TypeError(f"the return value of rank {rank} cannot be pickled: {exc}") from exc
     except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the launcher must hear of it
+        failed_at = time.time()  # the launcher blames the rank whose failure came first
         text = traceback.format_exc()
-        message = cloudpickle.dumps(("error", f"{type(exc).__name__}: {exc}", text))
+        message = cloudpickle.dumps(("error", f"{type(exc).__name__}: {exc}", text, failed_at))
         results.send_bytes(message)
         sys.stdout.flush()
         sys.stderr.flush()

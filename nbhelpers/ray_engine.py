@@ -46,9 +46,11 @@ import traceback
 
 import cloudpickle
 
-from nbhelpers.launcher import DEFAULT_CPU_PROCESSES, DistributedError, _pickle_call, _PrefixedPrinter, _torchrun_environment
+from nbhelpers.launcher import (DEFAULT_CPU_PROCESSES, DistributedError, _pickle_call, _PrefixedPrinter, _torchrun_environment,
+                                _with_cell_names)
 
 PLACEMENT_TIMEOUT_S = 120.0  # to reserve every rank's bundle before giving up
+START_TIMEOUT_S = 120.0  # then to start the rank actors (a Python process each) and hear from them
 OUTPUT_POLL_S = 0.5
 STACK_WAIT_S = 3.0
 CLEANUP_WAIT_S = 5.0
@@ -142,7 +144,7 @@ class _Rank:
             return s.getsockname()[1]
 
     def run(self, rank: int, payload: bytes, environ: dict, cwd: str, sys_path: list) -> bytes:
-        from nbhelpers._worker import _to_cpu
+        from nbhelpers._worker import _to_cpu, load_call
 
         os.environ.update(environ)
         if os.path.isdir(cwd):
@@ -151,14 +153,14 @@ class _Rank:
         threading.Thread(target=self._obey, args=(rank, environ["NBHELPERS_LAUNCH_ID"]), daemon=True).start()
         with self._output_to_outbox(rank):
             try:
-                fn, args, kwargs = cloudpickle.loads(payload)
+                fn, args, kwargs = load_call(payload)
                 result = _to_cpu(fn(*args, **kwargs))
                 try:
                     return cloudpickle.dumps(("ok", result))
                 except Exception as exc:
                     raise TypeError(f"the return value of rank {rank} cannot be pickled: {exc}") from exc
             except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the notebook must hear of it
-                return cloudpickle.dumps(("error", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+                return cloudpickle.dumps(("error", f"{type(exc).__name__}: {exc}", traceback.format_exc(), time.time()))
 
     @contextlib.contextmanager
     def _output_to_outbox(self, rank: int):
@@ -328,11 +330,12 @@ class _RayLaunch:
             ).remote(self.outbox)
             for i in range(self.world_size)
         ]
-        places = ray.get([a.where.remote() for a in self.actors])
+        places = self._get([a.where.remote() for a in self.actors], "starting the rank actors", START_TIMEOUT_S)
         layout = rank_layout(places, self.use_gpu)
         self.by_rank = [self.actors[i] for i, _ in layout]
         self.places = [places[i] for i, _ in layout]
-        master_port = ray.get(self.by_rank[0].free_port.remote())
+        master_port = self._get(self.by_rank[0].free_port.remote(), "finding a free port on rank 0's node",
+                                START_TIMEOUT_S)
         payload = ray.put(self.payload)  # stored once, fetched by each node
         self.refs = {}
         for rank, (actor, (_, placement)) in enumerate(zip(self.by_rank, layout)):
@@ -340,6 +343,19 @@ class _RayLaunch:
             environ.update(placement)
             ref = actor.run.remote(rank, payload, environ, os.getcwd(), list(sys.path))
             self.refs[ref] = rank
+
+    def _get(self, refs, doing: str, timeout: float | None):
+        """ray.get that gives up after `timeout` s (the stall timeout while the ranks run): a cluster that
+        stops answering is a stall too."""
+        import ray
+
+        try:
+            return ray.get(refs, timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise DistributedError(
+                f"the Ray cluster did not answer within {timeout} s while {doing} (for {self.name}()); every "
+                f"rank was stopped. `ray status` shows what the cluster has and does."
+            ) from None
 
     # -- watch ----------------------------------------------------------------------------------
     def _supervise(self):
@@ -380,7 +396,7 @@ class _RayLaunch:
         """Print what the pending take brought (waiting for it), and start the next take."""
         import ray
 
-        items = ray.get(self.take)
+        items = self._get(self.take, "taking the ranks' output from the outbox actor", self.stall_timeout)
         self.take = self.outbox.take.remote(next_wait)
         self._print(items)
         return bool(items)
@@ -407,7 +423,8 @@ class _RayLaunch:
         return f"node {place['ip']} (node id {place['node_id'][:8]}), pid {place['pid']}"
 
     def _rank_failed(self, rank, outcome) -> DistributedError:
-        _, summary, remote_tb = outcome
+        _, summary, remote_tb, _ = outcome
+        remote_tb = _with_cell_names(remote_tb)
         return DistributedError(
             f"rank {rank} of {self.world_size} failed in {self.name}(): {summary}\n"
             f"It ran on {self._where(rank)}. The other ranks were stopped. Traceback from rank {rank}:\n{remote_tb}",
@@ -431,7 +448,10 @@ class _RayLaunch:
         self.outbox.command.remote("stacks")
         stacks, deadline = {}, time.monotonic() + STACK_WAIT_S
         while len(stacks) < self.world_size and time.monotonic() < deadline:
-            items = ray.get(self.take)
+            try:
+                items = ray.get(self.take, timeout=STACK_WAIT_S)
+            except ray.exceptions.GetTimeoutError:
+                break
             self.take = self.outbox.take.remote(0.2)
             for rank, stream, data in items:
                 if stream == "stack":
@@ -481,7 +501,7 @@ class _RayLaunch:
             nodes = {p["node_id"] for r, p in enumerate(self.places) if r not in self.dead_ranks}
             deadline = time.monotonic() + CLEANUP_WAIT_S
             while not nodes <= cleaned and time.monotonic() < deadline:
-                items = ray.get(self.take) if self.take is not None else []
+                items = ray.get(self.take, timeout=CLEANUP_WAIT_S) if self.take is not None else []
                 self.take = self.outbox.take.remote(0.2)
                 for rank, stream, data in items:
                     if stream == "cleaned":

@@ -1,8 +1,10 @@
 """The `@distributed` launcher: one test per behaviour of DESIGN.md's contract (CPU, gloo, 2 ranks)."""
 import json
+import linecache
 import multiprocessing
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -89,6 +91,20 @@ def test_with_gpus_visible_the_default_is_one_process_per_gpu(monkeypatch):
     assert launcher._world_size(None) == 3
 
 
+def test_without_gpus_more_cpu_ranks_than_the_cores_hold_are_refused_before_anything_starts(monkeypatch):
+    monkeypatch.setattr(launcher, "_visible_gpu_count", lambda: 0)
+    cores = launcher._usable_cores()
+    message = (rf"gpus=1000000 but no GPU is visible, so every rank would be a CPU process, and this machine has "
+               rf"{cores} CPU core\(s\): at most {2 * cores} CPU ranks")
+    with pytest.raises(ValueError, match=message):
+        distributed(gpus=10**6)(lambda: None)
+    decorated = distributed(lambda: None)
+    decorated.gpus = 10**6
+    with pytest.raises(ValueError, match=message):
+        decorated.distributed()
+    assert not leftover_processes(), "a process was started before the refusal"
+
+
 # --- how the processes are made ------------------------------------------------------------------
 
 def test_ranks_are_not_forked_from_the_calling_process():
@@ -165,6 +181,60 @@ def test_each_rank_gets_the_torchrun_environment_with_a_free_loopback_port():
     assert len({e["MASTER_PORT"] for e in envs}) == 1 and int(envs[0]["MASTER_PORT"]) > 0
 
 
+def listening_sockets(pids):
+    return [c for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN and c.pid in pids]
+
+
+LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
+
+
+def test_nothing_a_launch_opens_listens_beyond_loopback(tmp_path):
+    @distributed
+    def rendezvous_then_wait(ready_dir):
+        dist.init_process_group("gloo")
+        dist.all_reduce(torch.ones(1))
+        open(os.path.join(ready_dir, os.environ["RANK"]), "w").close()
+        while not os.path.exists(os.path.join(ready_dir, "listed")):
+            time.sleep(0.05)
+        dist.barrier()
+        dist.destroy_process_group()
+        return int(os.environ["MASTER_PORT"])
+
+    me = psutil.Process()
+    before = {(c.pid, c.laddr) for c in listening_sockets({me.pid})}
+    found = []
+
+    def list_while_the_ranks_wait():
+        try:
+            deadline = time.monotonic() + 300
+            while len(os.listdir(tmp_path)) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            launch = {me.pid} | {p.pid for p in me.children(recursive=True)}
+            found.extend(c for c in listening_sockets(launch) if (c.pid, c.laddr) not in before)
+        finally:
+            (tmp_path / "listed").touch()
+
+    watcher = threading.Thread(target=list_while_the_ranks_wait)
+    watcher.start()
+    ports = rendezvous_then_wait.distributed(str(tmp_path))
+    watcher.join()
+    assert ports[0] in {c.laddr.port for c in found}, f"rank 0's rendezvous store was not among {found}"
+    assert {c.laddr.ip for c in found} <= LOOPBACK, f"listening beyond loopback: {found}"
+
+
+def test_a_plain_call_listens_on_loopback_only():
+    @distributed
+    def rendezvous_here():
+        dist.init_process_group("gloo")
+        listening = listening_sockets({os.getpid()})
+        dist.destroy_process_group()
+        return listening, int(os.environ["MASTER_PORT"])
+
+    listening, port = rendezvous_here()
+    assert port in {c.laddr.port for c in listening}
+    assert {c.laddr.ip for c in listening} <= LOOPBACK, listening
+
+
 def test_ranks_see_the_callers_current_environment_variables(monkeypatch):
     monkeypatch.setenv("COOKBOOK_SETTING", "set-after-the-server-started")
 
@@ -206,6 +276,49 @@ def test_two_launches_at_the_same_time_on_one_host_both_succeed():
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err
         assert "[2.0, 2.0]" in out
+
+
+THREADED_LAUNCHES = """
+import pickle, sys, threading
+from nbhelpers import distributed
+
+class Point:  # defined in the script: plain pickle finds it through sys.modules["__main__"]
+    def __init__(self, x):
+        self.x = x
+
+@distributed(gpus=1)
+def make_point(x):
+    return Point(x)
+
+main_module, main_file = sys.modules["__main__"], __file__
+errors = []
+
+def launch_repeatedly(offset):
+    try:
+        for i in range(5):
+            assert make_point.distributed(offset + i)[0].x == offset + i
+    except BaseException as exc:
+        errors.append(repr(exc))
+
+threads = [threading.Thread(target=launch_repeatedly, args=(100 * t,)) for t in range(2)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+assert not errors, errors
+assert sys.modules["__main__"] is main_module, "__main__ was left replaced"
+assert sys.modules["__main__"].__file__ == main_file, "__main__.__file__ was left hidden"
+assert pickle.loads(pickle.dumps(Point(3))).x == 3
+print("the script's classes still pickle")
+"""
+
+
+def test_launches_from_two_threads_leave_the_scripts_classes_picklable(tmp_path):
+    script = tmp_path / "two_threads.py"
+    script.write_text(THREADED_LAUNCHES)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "the script's classes still pickle" in proc.stdout
 
 
 # --- results and plain calls -----------------------------------------------------------------------
@@ -376,6 +489,102 @@ def test_a_rank_that_exits_without_returning_is_an_error():
     assert_nothing_left_running()
 
 
+def _dies_in_a_collective(how):
+    dist.init_process_group("gloo")
+    dist.barrier()
+    if dist.get_rank() == 1:
+        time.sleep(0.2)  # rank 0 waits in all_reduce by now
+        if how == "SIGKILL":
+            os.kill(os.getpid(), signal.SIGKILL)
+        os._exit(7)
+    dist.all_reduce(torch.ones(1))  # fails with "Connection closed by peer" once rank 1 is gone
+    time.sleep(300)
+
+
+@pytest.mark.parametrize("attempt", range(20))
+@pytest.mark.parametrize("how", ["SIGKILL", "os._exit"])
+def test_the_rank_that_died_is_blamed_not_the_peer_whose_collective_broke(how, attempt):
+    with pytest.raises(DistributedError) as caught:
+        distributed(_dies_in_a_collective).distributed(how)
+    err = caught.value
+    assert err.rank == 1, str(err)
+    if how == "SIGKILL":
+        assert (err.signal_name, err.exitcode) == ("SIGKILL", -9)
+    else:
+        assert err.exitcode == 7 and str(err).startswith("rank 1 of 2 exited with code 7 without returning")
+    assert_nothing_left_running()
+
+
+def test_a_ranks_traceback_shows_the_lines_of_code_that_exists_only_in_this_process():
+    cell = "def parse(text):\n    return int(text)  # the line a reader must see\n"
+    filename = "/nonexistent/ipykernel_0/cell.py"  # as a notebook cell: no file, its lines live in linecache
+    linecache.cache[filename] = (len(cell), None, cell.splitlines(True), filename)
+    namespace = {}
+    exec(compile(cell, filename, "exec"), namespace)
+    parse = namespace["parse"]
+
+    @distributed
+    def parse_on_every_rank():
+        return parse("not a number" if os.environ["RANK"] == "1" else "1")
+
+    try:
+        with pytest.raises(DistributedError) as caught:
+            parse_on_every_rank.distributed()
+    finally:
+        del linecache.cache[filename]
+    assert (f'File "{filename}", line 2, in parse\n    return int(text)  # the line a reader must see'
+            in caught.value.remote_traceback)
+
+
+DOUBLE_INTERRUPTS = """
+import signal, sys, time
+import nbhelpers.launcher as launcher
+from nbhelpers import distributed
+
+launcher.TERMINATE_GRACE_S = 1.0  # the second interrupt (after 0.5 s) arrives while the stop waits on SIGTERM
+
+@distributed
+def stubborn():
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # busy in C code, or a handler of its own: only SIGKILL ends it
+    print("running", flush=True)
+    time.sleep(300)
+
+kept = []  # each traceback, and with it the launch's objects, stays alive: as a notebook's sys.last_traceback
+for attempt in range(int(sys.argv[1])):
+    try:
+        stubborn.distributed()
+    except KeyboardInterrupt as exc:
+        kept.append(exc)
+    print(f"attempt {attempt} ended", flush=True)
+    sys.stdin.readline()
+"""
+
+
+def test_a_second_interrupt_during_the_stop_leaves_no_rank_running(tmp_path):
+    attempts = 20
+    script = tmp_path / "double_interrupts.py"
+    script.write_text(DOUBLE_INTERRUPTS)
+    proc = subprocess.Popen([sys.executable, str(script), str(attempts)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, bufsize=1)
+    try:
+        for attempt in range(attempts):
+            running = 0
+            while running < 2:
+                line = proc.stdout.readline()
+                assert line, f"the script ended in attempt {attempt} with code {proc.wait()}"
+                running += line.endswith("] running\n")
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.5)
+            proc.send_signal(signal.SIGINT)
+            while (line := proc.stdout.readline()) != f"attempt {attempt} ended\n":
+                assert line, f"the script ended in attempt {attempt} with code {proc.wait()}"
+            assert_nothing_left_running(proc.pid)
+            proc.stdin.write("\n")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_a_stall_dumps_every_ranks_python_stack_then_kills_them():
     @distributed(stall_timeout=2)
     def stalls():
@@ -398,37 +607,83 @@ def test_a_stall_dumps_every_ranks_python_stack_then_kills_them():
 
 
 KERNEL_LAUNCH = """
-import time
+import os, signal, time
 from nbhelpers import distributed
 
 @distributed
 def sleeps():
     print("ranks are running", flush=True)
     time.sleep(300)
+
+@distributed
+def stubborn():
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # only SIGKILL ends it: the stop takes TERMINATE_GRACE_S
+    print("ranks are running", flush=True)
+    time.sleep(300)
+
+@distributed
+def parse_on_every_rank():
+    text = "not a number" if os.environ["RANK"] == "1" else "1"
+    return int(text)  # the line a reader must see
 """
 
 
-def test_interrupting_the_kernel_stops_every_rank():
+@pytest.fixture(scope="module")
+def kernel():
+    """A real Jupyter kernel with KERNEL_LAUNCH run in a cell: (manager, client, that cell's number)."""
     from jupyter_client.manager import start_new_kernel
 
     km, kc = start_new_kernel(kernel_name="python3")
     try:
-        kc.execute_interactive(KERNEL_LAUNCH, timeout=60)
-        msg_id = kc.execute("sleeps.distributed()")
-        seen = ""
-        deadline = time.monotonic() + 60
-        while seen.count("ranks are running") < 2 and time.monotonic() < deadline:
-            msg = kc.get_iopub_msg(timeout=60)
-            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
-                seen += msg["content"]["text"]
-        assert "[rank 1] ranks are running" in seen
-        kernel_pid = km.provisioner.process.pid
-        assert len(leftover_processes(kernel_pid)) >= 2
-        km.interrupt_kernel()
-        reply = kc.get_shell_msg(timeout=30)
-        assert reply["content"]["status"] == "error"
-        assert reply["content"]["ename"] == "KeyboardInterrupt"
-        assert_nothing_left_running(kernel_pid)
+        reply = kc.execute_interactive(KERNEL_LAUNCH, timeout=120, output_hook=lambda msg: None)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        yield km, kc, reply["content"]["execution_count"]
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def start_and_wait_until_running(kc, code):
+    msg_id = kc.execute(code)
+    seen = ""
+    deadline = time.monotonic() + 120
+    while seen.count("ranks are running") < 2 and time.monotonic() < deadline:
+        msg = kc.get_iopub_msg(timeout=120)
+        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+            seen += msg["content"]["text"]
+    assert "[rank 0] ranks are running" in seen and "[rank 1] ranks are running" in seen, seen
+
+
+def test_interrupting_the_kernel_stops_every_rank(kernel):
+    km, kc, _ = kernel
+    start_and_wait_until_running(kc, "sleeps.distributed()")
+    kernel_pid = km.provisioner.process.pid
+    assert len(leftover_processes(kernel_pid)) >= 2
+    km.interrupt_kernel()
+    reply = kc.get_shell_msg(timeout=30)
+    assert reply["content"]["status"] == "error"
+    assert reply["content"]["ename"] == "KeyboardInterrupt"
+    assert_nothing_left_running(kernel_pid)
+
+
+def test_interrupting_the_kernel_twice_leaves_no_rank_running(kernel):
+    km, kc, _ = kernel
+    kernel_pid = km.provisioner.process.pid
+    for attempt in range(3):  # the kernel keeps each traceback (sys.last_traceback), and the launch's objects
+        start_and_wait_until_running(kc, "stubborn.distributed()")
+        km.interrupt_kernel()
+        time.sleep(0.5)
+        km.interrupt_kernel()
+        reply = kc.get_shell_msg(timeout=60)
+        assert reply["content"]["ename"] == "KeyboardInterrupt", reply["content"]
+        assert_nothing_left_running(kernel_pid)
+
+
+def test_a_ranks_traceback_in_a_notebook_names_the_cell_and_shows_its_line(kernel):
+    km, kc, launch_cell = kernel
+    reply = kc.execute_interactive("parse_on_every_rank.distributed()", timeout=120, output_hook=lambda msg: None)
+    content = reply["content"]
+    assert content["ename"] == "DistributedError"
+    source_line = "    return int(text)  # the line a reader must see"
+    number = KERNEL_LAUNCH.strip().splitlines().index(source_line) + 1  # IPython drops the cell's leading blank line
+    assert f"Cell In[{launch_cell}], line {number}, in parse_on_every_rank\n{source_line}" in content["evalue"]

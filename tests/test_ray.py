@@ -4,10 +4,12 @@ Everything here shares one 2-node Ray cluster on 127.0.0.1 with one CPU per node
 loopback only, telemetry and cloud probing off), started once for this module and stopped after it, so
 two ranks or two Ray Train workers always land on two different nodes.
 """
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -133,7 +135,7 @@ def test_a_failing_rank_raises_one_error_naming_it_and_nothing_is_left_on_any_no
     err = caught.value
     assert err.rank == 1
     assert str(err).startswith("rank 1 of 2 failed in fails_on_rank_1(): ValueError: no shard for rank 1")
-    assert "in fails_on_rank_1\nValueError: no shard for rank 1" in err.remote_traceback  # (by value: no source line)
+    assert 'raise ValueError("no shard for rank 1")\nValueError: no shard for rank 1' in err.remote_traceback  # its own line
     assert_nothing_left()
     assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "3171"]]
 
@@ -153,6 +155,62 @@ def test_a_rank_whose_process_dies_is_named_with_its_last_output():
     assert err.rank == 1
     assert "rank 1 of 2 died without returning from killed()" in str(err)
     assert "[rank 1] about to be killed" in str(err)
+    assert_nothing_left()
+
+
+def test_a_stall_dumps_every_ranks_python_stack_then_kills_them_on_every_node():
+    @distributed(engine="ray", stall_timeout=6)
+    def stalls():
+        def wait_here_for_ever():
+            time.sleep(300)
+
+        print("started", flush=True)
+        wait_here_for_ever()
+
+    started = time.monotonic()
+    with pytest.raises(DistributedError) as caught:
+        stalls.distributed()
+    message = str(caught.value)
+    assert time.monotonic() - started < 60
+    assert "no rank of stalls() made progress (no output) for 6 s" in message
+    for rank in (0, 1):
+        section = message.split(f"--- rank {rank} ---")[1].split("--- rank")[0]
+        assert "wait_here_for_ever" in section, f"rank {rank}'s stack is missing:\n{message}"
+    assert_nothing_left()
+
+
+def test_a_ray_cluster_that_stops_answering_is_a_stall_too(monkeypatch):
+    out = TimedStream()
+    monkeypatch.setattr(sys, "stdout", out)
+
+    @distributed(engine="ray", stall_timeout=6)
+    def prints_for_ever():
+        while True:
+            print("still here", flush=True)
+            time.sleep(0.5)
+
+    frozen = []
+
+    def freeze_the_outbox():  # the actor that carries the ranks' output to this process stops answering
+        deadline = time.monotonic() + 120
+        while "[rank 1] still here" not in out.text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for p in psutil.process_iter(["cmdline"]):
+            if "_Outbox" in " ".join(p.info["cmdline"] or []):
+                p.suspend()
+                frozen.append(p)
+
+    freezer = threading.Thread(target=freeze_the_outbox)
+    freezer.start()
+    try:
+        with pytest.raises(DistributedError, match="no rank of prints_for_ever"):
+            prints_for_ever.distributed()
+    finally:
+        freezer.join()
+        for p in frozen:
+            with contextlib.suppress(psutil.Error):
+                p.resume()
+    assert frozen, "found no outbox process to freeze"
     assert_nothing_left()
 
 
