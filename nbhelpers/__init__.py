@@ -1,6 +1,6 @@
 """Helpers for the multi-GPU training cookbook: run a notebook function on every GPU of the node."""
 from nbhelpers.launcher import DistributedError, distributed
-from nbhelpers.runtime import backend, device, get_local_rank, get_rank, get_world_size, is_main_process, print0
+from nbhelpers.runtime import backend, device, get_rank, get_world_size
 
 __all__ = [
     "distributed",
@@ -8,8 +8,5 @@ __all__ = [
     "backend",
     "device",
     "get_rank",
-    "get_local_rank",
     "get_world_size",
-    "is_main_process",
-    "print0",
 ]

@@ -1,25 +1,23 @@
-"""What runs inside each rank of `@distributed`.
+"""What runs inside each rank of the local engine (nbhelpers.local_engine).
 
-The launcher's fork server imports this module (and with it torch) once, never touching CUDA, so a
-rank forked from it starts warm and may still use CUDA. Nothing here runs in the notebook's process.
+The engine's fork server imports this module (and with it torch) once, never touching CUDA, so a rank
+forked from it starts warm and may still use CUDA. Only `loopback_rendezvous` also serves plain calls
+in the notebook's process.
 """
 from __future__ import annotations
 
 import contextlib
 import faulthandler
-import linecache
 import multiprocessing
 import os
-import pickle
 import signal
 import socket
 import sys
 import threading
-import time
-import traceback
 
-import cloudpickle
-import torch  # noqa: F401  imported here so that every fork of the server has it already
+import torch  # imported here so that every fork of the server has it already
+
+from nbhelpers.launch_contract import run_call
 
 
 def _die_with_launcher(lifeline_fd: int) -> None:
@@ -27,17 +25,6 @@ def _die_with_launcher(lifeline_fd: int) -> None:
     while os.read(lifeline_fd, 1):
         pass
     os.killpg(0, signal.SIGKILL)
-
-
-def _to_cpu(obj):
-    if isinstance(obj, torch.Tensor):
-        full_tensor = getattr(obj, "full_tensor", None)  # a DTensor comes back whole
-        return (full_tensor() if callable(full_tensor) else obj).detach().cpu()
-    if isinstance(obj, dict):
-        return type(obj)((k, _to_cpu(v)) for k, v in obj.items())
-    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
-        return type(obj)(_to_cpu(v) for v in obj)
-    return obj
 
 
 @contextlib.contextmanager
@@ -83,15 +70,6 @@ def loopback_rendezvous():
         rendezvous._create_c10d_store = create
 
 
-def load_call(payload: bytes):
-    """(fn, args, kwargs) from launcher._pickle_call's bytes; the source lines that came with them go
-    into linecache, so that tracebacks show the lines of notebook cells."""
-    sources, call = pickle.loads(payload)
-    for filename, lines in sources.items():
-        linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)  # mtime None: kept
-    return cloudpickle.loads(call)
-
-
 def run_rank(rank, payload, environ, cwd, sys_path, threads, stdout, stderr, results, lifeline, stack_file):
     """Entry point of one rank (a child of the fork server)."""
     os.setsid()  # a process group of its own: the launcher ends the rank and all it started at once
@@ -114,22 +92,10 @@ def run_rank(rank, payload, environ, cwd, sys_path, threads, stdout, stderr, res
     sys.path[:] = sys_path
     torch.set_num_threads(threads)
 
-    try:
-        fn, args, kwargs = load_call(payload)
-        with loopback_rendezvous():
-            result = _to_cpu(fn(*args, **kwargs))
-        try:
-            message = cloudpickle.dumps(("ok", result))
-        except Exception as exc:
-            raise TypeError(f"the return value of rank {rank} cannot be pickled: {exc}") from exc
-    except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the launcher must hear of it
-        failed_at = time.time()  # the launcher blames the rank whose failure came first
-        text = traceback.format_exc()
-        message = cloudpickle.dumps(("error", f"{type(exc).__name__}: {exc}", text, failed_at))
-        results.send_bytes(message)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        sys.exit(1)
+    with loopback_rendezvous():
+        ok, message = run_call(rank, payload)
     results.send_bytes(message)
     sys.stdout.flush()
     sys.stderr.flush()
+    if not ok:
+        sys.exit(1)

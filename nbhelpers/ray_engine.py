@@ -10,7 +10,7 @@
         ...
     results = train.distributed(lr=1e-3)        # one result per rank, in rank order
 
-The contract is the one-node launcher's (nbhelpers.launcher), carried out by Ray:
+The contract is the local engine's (nbhelpers.launch_contract), carried out by Ray:
 - One placement group reserves every rank's bundle at once ({"GPU": 1, "CPU": 1}, or {"CPU": 1} on a
   cluster without GPUs), packed onto as few nodes as possible; the ranks are Ray actors in its bundles.
   Nothing starts until all bundles are reserved (gang scheduling).
@@ -18,14 +18,16 @@ The contract is the one-node launcher's (nbhelpers.launcher), carried out by Ray
   GROUP_RANK (the node's index), MASTER_ADDR = rank 0's node address, MASTER_PORT = a port found free
   on rank 0's node. On a node with several ranks, CUDA_VISIBLE_DEVICES lists all their GPUs and each
   rank's LOCAL_RANK is the index of its own, so `cuda:LOCAL_RANK` is its GPU (what Ray Train does too).
-- The function and its arguments travel by value (cloudpickle); each rank runs it in the main thread of
-  its actor, in the notebook's working directory when that exists on the node.
+- The function and its arguments travel by value (launch_contract.pickle_call); each rank runs it in the
+  main thread of its actor, in the notebook's working directory when that exists on the node.
 - Each rank's stdout and stderr (file descriptors 1 and 2, so subprocesses too) go to a small queue
   actor on this node; this process prints them into the cell as they come, prefixed `[rank N]`.
 - The first failure (an exception, or a rank's process dying) raises one `DistributedError` naming
   the rank with its traceback (or Ray's account of the death). Afterwards, failed or not, every rank
   actor and the queue are killed, the placement group is removed, and processes the ranks started are
   killed on every node (found by the launch id in their environment). Nothing is left.
+- Every wait on the cluster has an end: starting the actors START_TIMEOUT_S, the ranks' output (and
+  so the function) `stall_timeout`.
 
 Ranks import nbhelpers, torch and what the function imports: these must be installed on every node
 (or shipped with `ray.init(runtime_env={"py_modules": [...]})`).
@@ -44,10 +46,8 @@ import threading
 import time
 import traceback
 
-import cloudpickle
-
-from nbhelpers.launcher import (DEFAULT_CPU_PROCESSES, DistributedError, _pickle_call, _PrefixedPrinter, _torchrun_environment,
-                                _with_cell_names)
+from nbhelpers.launch_contract import (DEFAULT_CPU_PROCESSES, DistributedError, PrefixedPrinter, failure_error, pickle_call,
+                                       read_outcome, run_call, torchrun_environment)
 
 PLACEMENT_TIMEOUT_S = 120.0  # to reserve every rank's bundle before giving up
 START_TIMEOUT_S = 120.0  # then to start the rank actors (a Python process each) and hear from them
@@ -66,12 +66,12 @@ def run(fn, args, kwargs, *, name: str, gpus: int | None, output: str, stall_tim
             'attached to none: call ray.init(address="auto") (or address="HEAD_IP:6379"; plain ray.init() '
             "starts a one-machine Ray) before the launch."
         )
-    use_gpu, world_size = _world_size(gpus)
-    payload = _pickle_call(fn, args, kwargs)
+    use_gpu, world_size = _cluster_world_size(gpus)
+    payload = pickle_call(fn, args, kwargs)
     return _RayLaunch(name, payload, world_size, use_gpu, output, stall_timeout).run()
 
 
-def _world_size(gpus) -> tuple[bool, int]:
+def _cluster_world_size(gpus) -> tuple[bool, int]:
     """(use GPUs?, number of ranks) on this cluster; a count it cannot hold is refused here."""
     import ray
 
@@ -126,7 +126,7 @@ class _Outbox:
         return self.commands[index]
 
 
-class _Rank:
+class _RankActor:
     """One rank: a Ray actor that runs the function in its main thread, its output sent to the outbox."""
 
     def __init__(self, outbox):
@@ -144,23 +144,15 @@ class _Rank:
             return s.getsockname()[1]
 
     def run(self, rank: int, payload: bytes, environ: dict, cwd: str, sys_path: list) -> bytes:
-        from nbhelpers._worker import _to_cpu, load_call
-
+        """Run the call; its launch_contract.Outcome as bytes."""
         os.environ.update(environ)
         if os.path.isdir(cwd):
             os.chdir(cwd)
         sys.path.extend(p for p in sys_path if p not in sys.path and os.path.exists(p))
         threading.Thread(target=self._obey, args=(rank, environ["NBHELPERS_LAUNCH_ID"]), daemon=True).start()
         with self._output_to_outbox(rank):
-            try:
-                fn, args, kwargs = load_call(payload)
-                result = _to_cpu(fn(*args, **kwargs))
-                try:
-                    return cloudpickle.dumps(("ok", result))
-                except Exception as exc:
-                    raise TypeError(f"the return value of rank {rank} cannot be pickled: {exc}") from exc
-            except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the notebook must hear of it
-                return cloudpickle.dumps(("error", f"{type(exc).__name__}: {exc}", traceback.format_exc(), time.time()))
+            _, message = run_call(rank, payload)
+        return message
 
     @contextlib.contextmanager
     def _output_to_outbox(self, rank: int):
@@ -301,7 +293,7 @@ class _RayLaunch:
         self._stop_all()
         if failure is not None:
             raise failure
-        return [outcomes[r][1] for r in range(self.world_size)]
+        return [outcomes[r].value for r in range(self.world_size)]
 
     # -- start ----------------------------------------------------------------------------------
     def _start(self):
@@ -322,7 +314,7 @@ class _RayLaunch:
                 f"{PLACEMENT_TIMEOUT_S:.0f} s: the cluster has {ray.cluster_resources()} in all, "
                 f"{ray.available_resources()} free. Free some (other jobs, idle actors) or ask for fewer."
             )
-        rank_actor = ray.remote(_Rank)
+        rank_actor = ray.remote(_RankActor)
         self.actors = [
             rank_actor.options(
                 num_cpus=1, num_gpus=1 if self.use_gpu else 0, max_restarts=0,
@@ -339,7 +331,7 @@ class _RayLaunch:
         payload = ray.put(self.payload)  # stored once, fetched by each node
         self.refs = {}
         for rank, (actor, (_, placement)) in enumerate(zip(self.by_rank, layout)):
-            environ = _torchrun_environment(rank, self.world_size, master_port, self.run_id)
+            environ = torchrun_environment(rank, self.world_size, master_port, self.run_id)
             environ.update(placement)
             ref = actor.run.remote(rank, payload, environ, os.getcwd(), list(sys.path))
             self.refs[ref] = rank
@@ -381,14 +373,15 @@ class _RayLaunch:
             rank = pending.pop(ref)
             last_progress = time.monotonic()
             try:
-                outcomes[rank] = cloudpickle.loads(ray.get(ref))
+                outcomes[rank] = read_outcome(ray.get(ref))
             except ray.exceptions.RayActorError as exc:
                 self.dead_ranks.add(rank)
                 self._drain_output()
                 return outcomes, self._rank_died(rank, exc)
             self._drain_output()  # the rank returned only once its last output had reached the outbox
-            if outcomes[rank][0] == "error":
-                return outcomes, self._rank_failed(rank, outcomes[rank])
+            if not outcomes[rank].ok:
+                return outcomes, failure_error(outcomes[rank], rank=rank, world_size=self.world_size, name=self.name,
+                                               context=f"It ran on {self._where(rank)}.\n")
         self._drain_output()
         return outcomes, None
 
@@ -410,7 +403,7 @@ class _RayLaunch:
             key = (rank, stream)
             if key not in self.printers:
                 show = self.output == "all" or rank == 0
-                self.printers[key] = _PrefixedPrinter(rank, stream, show, self.tails[rank])
+                self.printers[key] = PrefixedPrinter(rank, stream, show, self.tails[rank])
             self.printers[key].feed(data)
 
     def _finish_printing(self):
@@ -421,15 +414,6 @@ class _RayLaunch:
     def _where(self, rank) -> str:
         place = self.places[rank]
         return f"node {place['ip']} (node id {place['node_id'][:8]}), pid {place['pid']}"
-
-    def _rank_failed(self, rank, outcome) -> DistributedError:
-        _, summary, remote_tb, _ = outcome
-        remote_tb = _with_cell_names(remote_tb)
-        return DistributedError(
-            f"rank {rank} of {self.world_size} failed in {self.name}(): {summary}\n"
-            f"It ran on {self._where(rank)}. The other ranks were stopped. Traceback from rank {rank}:\n{remote_tb}",
-            rank=rank, exitcode=1, remote_traceback=remote_tb,
-        )
 
     def _rank_died(self, rank, exc) -> DistributedError:
         self._finish_printing()

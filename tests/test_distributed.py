@@ -1,4 +1,5 @@
 """The `@distributed` launcher: one test per behaviour of DESIGN.md's contract (CPU, gloo, 2 ranks)."""
+import ast
 import json
 import linecache
 import multiprocessing
@@ -10,12 +11,15 @@ import sys
 import threading
 import time
 
+from pathlib import Path
+
 import psutil
 import pytest
 import torch
 import torch.distributed as dist
 
-import nbhelpers.launcher as launcher
+import nbhelpers
+import nbhelpers.local_engine as local_engine
 from nbhelpers import DistributedError, backend, distributed
 from timed_stream import TimedStream
 
@@ -48,6 +52,53 @@ def assert_nothing_left_running(root_pid=None):
     assert not left, f"processes left running: {[(p.pid, p.cmdline()) for p in left]}"
 
 
+# --- the package -----------------------------------------------------------------------------------
+
+def nbhelpers_imports() -> dict:
+    """{module: the nbhelpers modules its code imports}, imports inside functions (lazy) included."""
+    package = Path(nbhelpers.__file__).parent
+    modules = {"nbhelpers"} | {f"nbhelpers.{p.stem}" for p in package.glob("*.py") if p.stem != "__init__"}
+    graph = {}
+    for path in package.glob("*.py"):
+        module = "nbhelpers" if path.stem == "__init__" else f"nbhelpers.{path.stem}"
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module if not node.level else ".".join(["nbhelpers", node.module or ""]).rstrip(".")
+                submodules = {f"{base}.{a.name}" for a in node.names} & modules
+                imported |= submodules or {base}  # `from nbhelpers import local_engine` imports the submodule
+        graph[module] = (imported & modules) - {module}
+    return graph
+
+
+def test_the_import_graph_of_nbhelpers_has_no_circle():
+    graph = nbhelpers_imports()
+    done, path = set(), []
+
+    def visit(module):
+        assert module not in path, "import circle: " + " -> ".join(path[path.index(module):] + [module])
+        if module in done:
+            return
+        path.append(module)
+        for imported in sorted(graph[module]):
+            visit(imported)
+        path.pop()
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module)
+
+
+def test_the_engines_share_one_contract_and_import_neither_each_other_nor_the_decorator():
+    graph = nbhelpers_imports()
+    for engine in ("nbhelpers.local_engine", "nbhelpers.ray_engine"):
+        assert "nbhelpers.launch_contract" in graph[engine]
+        assert not graph[engine] & {"nbhelpers.local_engine", "nbhelpers.ray_engine", "nbhelpers.launcher", "nbhelpers"}, graph[engine]
+    assert graph["nbhelpers.launch_contract"] == set()
+
+
 # --- how many processes --------------------------------------------------------------------------
 
 def test_without_gpus_the_default_is_two_cpu_processes_on_gloo():
@@ -70,7 +121,7 @@ def test_gpus_sets_the_number_of_cpu_processes_without_gpus():
 
 
 def test_more_gpus_than_visible_is_refused_before_anything_starts(monkeypatch):
-    monkeypatch.setattr(launcher, "_visible_gpu_count", lambda: 2)
+    monkeypatch.setattr(local_engine, "_visible_gpu_count", lambda: 2)
     with pytest.raises(ValueError, match=r"gpus=4 but only 2 GPU\(s\) are visible"):
         distributed(gpus=4)(lambda: None)
     decorated = distributed(lambda: None)
@@ -87,13 +138,13 @@ def test_gpus_below_one_or_not_a_whole_number_is_refused(bad):
 
 
 def test_with_gpus_visible_the_default_is_one_process_per_gpu(monkeypatch):
-    monkeypatch.setattr(launcher, "_visible_gpu_count", lambda: 3)
-    assert launcher._world_size(None) == 3
+    monkeypatch.setattr(local_engine, "_visible_gpu_count", lambda: 3)
+    assert local_engine.world_size(None) == 3
 
 
 def test_without_gpus_more_cpu_ranks_than_the_cores_hold_are_refused_before_anything_starts(monkeypatch):
-    monkeypatch.setattr(launcher, "_visible_gpu_count", lambda: 0)
-    cores = launcher._usable_cores()
+    monkeypatch.setattr(local_engine, "_visible_gpu_count", lambda: 0)
+    cores = local_engine._usable_cores()
     message = (rf"gpus=1000000 but no GPU is visible, so every rank would be a CPU process, and this machine has "
                rf"{cores} CPU core\(s\): at most {2 * cores} CPU ranks")
     with pytest.raises(ValueError, match=message):
@@ -538,10 +589,11 @@ def test_a_ranks_traceback_shows_the_lines_of_code_that_exists_only_in_this_proc
 
 DOUBLE_INTERRUPTS = """
 import signal, sys, time
-import nbhelpers.launcher as launcher
+import nbhelpers
+import nbhelpers.local_engine as local_engine
 from nbhelpers import distributed
 
-launcher.TERMINATE_GRACE_S = 1.0  # the second interrupt (after 0.5 s) arrives while the stop waits on SIGTERM
+local_engine.TERMINATE_GRACE_S = 1.0  # the second interrupt (after 0.5 s) arrives while the stop waits on SIGTERM
 
 @distributed
 def stubborn():

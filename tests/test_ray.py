@@ -50,7 +50,7 @@ def ray_cluster():
 def leftovers():
     """What a launch could leave behind: live rank/outbox actors, placement groups, processes of a launch."""
     actors = [a["ActorClassName"] for a in ray._private.state.actors().values()  # GCS view; the state API needs a dashboard
-              if a["State"] != "DEAD" and a["ActorClassName"] in ("_Rank", "_Outbox")]
+              if a["State"] != "DEAD" and a["ActorClassName"] in ("_RankActor", "_Outbox")]
     groups = [g["name"] for g in ray.util.placement_group_table().values() if g["state"] != "REMOVED"]
     processes = []
     for p in psutil.process_iter():
