@@ -189,6 +189,15 @@ def read_outcome(message: bytes) -> Outcome:
     return cloudpickle.loads(message)
 
 
+class RankResults(list):
+    """The ranks' return values in rank order, and `system_metrics`: what the launch measured of them
+    (nbhelpers.system_metrics' summary, one value per rank; None where the engine does not sample)."""
+
+    def __init__(self, values, system_metrics: dict | None = None):
+        super().__init__(values)
+        self.system_metrics = system_metrics
+
+
 def failure_error(outcome: Outcome, *, rank: int, world_size: int, name: str, context: str = "") -> DistributedError:
     """The error for a rank whose call raised; `context` (ending in a newline) goes before the traceback."""
     remote_tb = with_cell_names(outcome.traceback)
@@ -233,14 +242,15 @@ def with_cell_names(traceback_text: str) -> str:
 # The output
 
 class PrefixedPrinter:
-    """Writes one rank's stream into this process's stdout/stderr, each line prefixed `[rank N]`.
+    """Writes one rank's stream into this process's stdout/stderr, each line prefixed `[rank N]` (with the
+    run's name first for a launch in the background: `[train#2 rank N]`).
 
     A line ends at "\\n" or at "\\r" (progress bars redraw their line with "\\r"), so a tqdm bar on a
     rank still updates in place in the cell.
     """
 
-    def __init__(self, rank, stream, show, tail):
-        self.prefix = f"[rank {rank}] "
+    def __init__(self, rank, stream, show, tail, run: str | None = None):
+        self.prefix = f"[{run} rank {rank}] " if run else f"[rank {rank}] "
         self.stream = stream
         self.show = show
         self.tail = tail

@@ -17,27 +17,66 @@ import collections
 import contextlib
 import multiprocessing
 import os
+import re
+from concurrent.futures import CancelledError
 from multiprocessing import forkserver
 import selectors
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 
-from nbhelpers.launch_contract import (DEFAULT_CPU_PROCESSES, DistributedError, PrefixedPrinter, check_count,
-                                       failure_error, pickle_call, read_outcome, torchrun_environment)
+from nbhelpers.gpu_lease import GpuLease, LeaseCancelled
+from nbhelpers.launch_contract import (DEFAULT_CPU_PROCESSES, DistributedError, PrefixedPrinter, RankResults, check_count,
+                                       failure_error, read_outcome, torchrun_environment)
+from nbhelpers.system_metrics import RankSampler
 
 CPU_RANKS_PER_CORE = 2  # without GPUs: more ranks than this per core only time-slice the cores
 TERMINATE_GRACE_S = 2.0  # between SIGTERM and SIGKILL
 BLAME_WINDOW_S = 0.5  # after a first failure: how long to listen for the failure that caused it
+CANCEL_POLL_S = 0.2  # how soon a cancelled launch in the background notices
 
 
-def run(fn, args, kwargs, *, name: str, gpus: int | None, output: str, stall_timeout: float | None) -> list:
-    """Run fn(*args, **kwargs) once per rank on this host; the ranks' results in rank order."""
+def run(name: str, payload: bytes, *, gpus: int | None, output: str, stall_timeout: float | None,
+        label: str | None = None, cancel=None, mlflow_run_id: str | None = None) -> RankResults:
+    """Run pickle_call's call once per rank on this host; the ranks' results in rank order.
+
+    With GPUs the launch first leases its GPUs host-wide (nbhelpers.gpu_lease: waiting while other
+    launches hold them) and its ranks see only those. label: the run's name, before each output line.
+    cancel: a threading.Event that stops the ranks (concurrent.futures.CancelledError). mlflow_run_id:
+    where the ranks' system metrics go.
+    """
     ranks = world_size(gpus)
-    return _LocalLaunch(name, pickle_call(fn, args, kwargs), ranks, output, stall_timeout).run()
+    visible = _visible_gpus()
+    lease = GpuLease(visible, ranks, holder=label or name, cancel=cancel) if visible else contextlib.nullcontext([])
+    try:
+        with lease as leased:
+            return _LocalLaunch(name, payload, ranks, output, stall_timeout, leased, label, cancel, mlflow_run_id).run()
+    except LeaseCancelled as exc:
+        raise CancelledError(str(exc)) from None
+
+
+def check_gpu_type(gpu_type: str | None) -> None:
+    """gpu_type (serverless_gpu's "H100", "A10", ...) against the visible GPUs: an error naming both when
+    they differ; without GPUs one line saying it is ignored."""
+    if gpu_type is None:
+        return
+    visible = _visible_gpus()
+    if not visible:
+        print(f"@distributed: gpu_type={gpu_type!r} ignored: no GPU is visible here, so the ranks run as CPU "
+              "processes (gloo).", file=sys.stderr)
+        return
+    names = _gpu_names(visible)
+    wanted = set(re.findall(r"[a-z0-9]+", gpu_type.lower()))
+    if not all(wanted <= set(re.findall(r"[a-z0-9]+", n.lower())) for n in names):
+        here = ", ".join(f"{n} ({names.count(n)}x)" for n in dict.fromkeys(names))
+        raise ValueError(
+            f"gpu_type={gpu_type!r} but the GPUs visible here are {here}. Ask for the GPUs this machine has "
+            f"(e.g. gpu_type={names[0].split()[-1]!r}), or leave gpu_type out to take whatever is visible."
+        )
 
 
 def warm_up() -> None:
@@ -80,6 +119,23 @@ def _visible_gpu_count() -> int:
 
     return torch.cuda.device_count()  # asks NVML: does not initialise CUDA in this process
 
+
+def _visible_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (indices when it is unset)."""
+    count = _visible_gpu_count()
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is None:
+        return [str(i) for i in range(count)]
+    return [g.strip() for g in listed.split(",") if g.strip()][:count]
+
+
+def _gpu_names(gpus: list[str]) -> list[str]:
+    """The product names of these GPUs (indices or UUIDs), from nvidia-smi: no CUDA context in this process."""
+    query = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid,name", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=60, check=True).stdout
+    rows = [[field.strip() for field in line.split(",", 2)] for line in query.splitlines() if line.strip()]
+    return [next(name for index, uuid, name in rows if gpu in (index, uuid) or (not gpu.isdigit() and uuid.startswith(gpu)))
+            for gpu in gpus]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -202,31 +258,38 @@ class _RankProcess:
 
 
 class _LocalLaunch:
-    def __init__(self, name, payload, world_size, output, stall_timeout):
+    def __init__(self, name, payload, world_size, output, stall_timeout, gpus, label, cancel, mlflow_run_id):
         self.name = name
         self.payload = payload
         self.world_size = world_size
         self.output = output
         self.stall_timeout = stall_timeout
+        self.gpus = gpus  # the leased GPUs, one per rank; [] without GPUs
+        self.label, self.cancel, self.mlflow_run_id = label, cancel, mlflow_run_id
         self.ranks: list[_RankProcess] = []
         self.selector = selectors.DefaultSelector()
         self.printers = {}
 
-    def run(self) -> list:
+    def run(self) -> RankResults:
         ctx = _fork_server_context()
+        sampler = None
         with tempfile.TemporaryDirectory(prefix="nbhelpers-") as tmp:
             try:
                 self._start(ctx, tmp)
+                sampler = RankSampler([r.process.pid for r in self.ranks], self.gpus or [None] * self.world_size,
+                                      self.mlflow_run_id)
+                sampler.start()
                 failure = self._supervise()
                 if failure is None:
                     self._wait_for_exit()
             finally:  # returned, failed or interrupted (the notebook's interrupt button): nothing stays
                 self._stop_all_despite_interrupts()
+                system_metrics = sampler.stop() if sampler is not None else None
             self._drain(deadline=time.monotonic() + 1.0)
             self.selector.close()
         if failure is not None:
             raise failure
-        return [r.outcome.value for r in self.ranks]
+        return RankResults([r.outcome.value for r in self.ranks], system_metrics)
 
     # -- start ----------------------------------------------------------------------------------
     def _start(self, ctx, tmp):
@@ -244,6 +307,8 @@ class _LocalLaunch:
             environ.setdefault("OMP_NUM_THREADS", str(threads))
             environ.update(torchrun_environment(rank, self.world_size, port, run_id))
             environ.update(_loopback_environment())
+            if self.gpus:
+                environ["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpus)  # the leased ones: cuda:LOCAL_RANK is its own
             stack_file = os.path.join(tmp, f"rank{rank}.stack")
             process = ctx.Process(
                 target=run_rank,
@@ -278,14 +343,19 @@ class _LocalLaunch:
                 return None  # every rank returned (a failure would have set settle_by)
             if settle_by is not None and (all(r.settled for r in self.ranks) or time.monotonic() >= settle_by):
                 return self._blame()
+            if self.cancel is not None and self.cancel.is_set():
+                return CancelledError(f"{self.label or self.name} was cancelled; its ranks were stopped")
             if settle_by is not None:
                 timeout = settle_by - time.monotonic()
             elif self.stall_timeout is not None:
                 timeout = max(0.0, last_progress + self.stall_timeout - time.monotonic())
             else:
                 timeout = None
+            if self.cancel is not None:
+                timeout = CANCEL_POLL_S if timeout is None else min(timeout, CANCEL_POLL_S)
             if not self.selector.select(timeout):
-                if settle_by is None:
+                stalled = self.stall_timeout is not None and time.monotonic() >= last_progress + self.stall_timeout
+                if settle_by is None and stalled:
                     return self._stalled()
                 continue
             # Poll again right after a timestamp: what is not ready now was still alive at `polled_at`.
@@ -328,7 +398,7 @@ class _LocalLaunch:
         key = (r.rank, stream)
         if key not in self.printers:
             show = self.output == "all" or r.rank == 0
-            self.printers[key] = PrefixedPrinter(r.rank, stream, show, r.tail)
+            self.printers[key] = PrefixedPrinter(r.rank, stream, show, r.tail, run=self.label)
         return self.printers[key]
 
     # -- fail -----------------------------------------------------------------------------------

@@ -39,14 +39,16 @@ import collections
 import contextlib
 import itertools
 import os
+import re
 import select
 import socket
 import sys
 import threading
 import time
 import traceback
+from concurrent.futures import CancelledError
 
-from nbhelpers.launch_contract import (DEFAULT_CPU_PROCESSES, DistributedError, PrefixedPrinter, failure_error, pickle_call,
+from nbhelpers.launch_contract import (DEFAULT_CPU_PROCESSES, DistributedError, PrefixedPrinter, RankResults, failure_error,
                                        read_outcome, run_call, torchrun_environment)
 
 PLACEMENT_TIMEOUT_S = 120.0  # to reserve every rank's bundle before giving up
@@ -56,10 +58,17 @@ STACK_WAIT_S = 3.0
 CLEANUP_WAIT_S = 5.0
 
 
-def run(fn, args, kwargs, *, name: str, gpus: int | None, output: str, stall_timeout: float | None) -> list:
-    """Run fn(*args, **kwargs) once per rank on the Ray cluster this process is attached to."""
+def run(name: str, payload: bytes, *, gpus: int | None, output: str, stall_timeout: float | None,
+        label: str | None = None, cancel=None, mlflow_run_id: str | None = None, gpu_type: str | None = None
+        ) -> RankResults:
+    """Run pickle_call's call once per rank on the Ray cluster this process is attached to (or the one
+    RAY_ADDRESS names). label, cancel: as nbhelpers.local_engine.run. The ranks' system metrics are not
+    sampled here (`system_metrics` is None; Ray's dashboard shows the nodes'), so mlflow_run_id is unused.
+    """
     import ray
 
+    if not ray.is_initialized() and os.environ.get("RAY_ADDRESS"):
+        ray.init()  # joins the cluster at RAY_ADDRESS
     if not ray.is_initialized():
         raise RuntimeError(
             'engine="ray" runs the function on the Ray cluster this process is attached to, and it is '
@@ -67,8 +76,29 @@ def run(fn, args, kwargs, *, name: str, gpus: int | None, output: str, stall_tim
             "starts a one-machine Ray) before the launch."
         )
     use_gpu, world_size = _cluster_world_size(gpus)
-    payload = pickle_call(fn, args, kwargs)
-    return _RayLaunch(name, payload, world_size, use_gpu, output, stall_timeout).run()
+    bundle = {"GPU": 1, "CPU": 1} if use_gpu else {"CPU": 1}
+    bundle.update(_accelerator_resource(gpu_type, use_gpu))
+    return RankResults(_RayLaunch(name, payload, world_size, bundle, output, stall_timeout, label, cancel).run())
+
+
+def _accelerator_resource(gpu_type: str | None, use_gpu: bool) -> dict:
+    """The bundle resource that puts ranks on nodes whose GPUs are `gpu_type` (Ray labels nodes
+    `accelerator_type:H100` and so on); an error naming both when the cluster has none of them."""
+    import ray
+
+    if gpu_type is None:
+        return {}
+    if not use_gpu:
+        print(f"@distributed: gpu_type={gpu_type!r} ignored: the Ray cluster has no GPU, so the ranks run as "
+              "CPU processes (gloo).", file=sys.stderr)
+        return {}
+    types = [k.split(":", 1)[1] for k in ray.cluster_resources() if k.startswith("accelerator_type:")]
+    wanted = set(re.findall(r"[a-z0-9]+", gpu_type.lower()))
+    matching = [t for t in types if wanted <= set(re.findall(r"[a-z0-9]+", t.lower()))]
+    if not matching:
+        raise ValueError(f"gpu_type={gpu_type!r} but the Ray cluster's GPUs are {', '.join(types) or 'of no known type'}. "
+                         "Ask for one of those, or leave gpu_type out to take any GPU of the cluster.")
+    return {f"accelerator_type:{matching[0]}": 0.001}
 
 
 def _cluster_world_size(gpus) -> tuple[bool, int]:
@@ -272,9 +302,10 @@ def rank_layout(places: list[dict], use_gpu: bool) -> list[tuple[int, dict]]:
 # The launch, seen from the notebook
 
 class _RayLaunch:
-    def __init__(self, name, payload, world_size, use_gpu, output, stall_timeout):
-        self.name, self.payload, self.world_size, self.use_gpu = name, payload, world_size, use_gpu
-        self.output, self.stall_timeout = output, stall_timeout
+    def __init__(self, name, payload, world_size, bundle, output, stall_timeout, label, cancel):
+        self.name, self.payload, self.world_size, self.bundle = name, payload, world_size, bundle
+        self.use_gpu = "GPU" in bundle
+        self.output, self.stall_timeout, self.label, self.cancel = output, stall_timeout, label, cancel
         self.run_id = f"nbhelpers-ray-{os.getpid()}-{time.time_ns()}"
         self.pg = self.outbox = self.take = None
         self.dead_ranks = set()
@@ -304,7 +335,7 @@ class _RayLaunch:
         here = ray.get_runtime_context().get_node_id()
         self.outbox = ray.remote(num_cpus=0)(_Outbox).options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True)).remote()
-        bundle = {"GPU": 1, "CPU": 1} if self.use_gpu else {"CPU": 1}
+        bundle = self.bundle
         self.pg = placement_group([dict(bundle) for _ in range(self.world_size)], strategy="PACK",
                                   name=self.run_id)
         ready, _ = ray.wait([self.pg.ready()], timeout=PLACEMENT_TIMEOUT_S)
@@ -359,6 +390,8 @@ class _RayLaunch:
         self.take = self.outbox.take.remote(OUTPUT_POLL_S)
         last_progress = time.monotonic()
         while pending:
+            if self.cancel is not None and self.cancel.is_set():  # the take answers twice a second: noticed then
+                return outcomes, CancelledError(f"{self.label or self.name} was cancelled; its ranks were stopped")
             timeout = None
             if self.stall_timeout is not None:
                 timeout = max(0.0, last_progress + self.stall_timeout - time.monotonic())
@@ -403,7 +436,7 @@ class _RayLaunch:
             key = (rank, stream)
             if key not in self.printers:
                 show = self.output == "all" or rank == 0
-                self.printers[key] = PrefixedPrinter(rank, stream, show, self.tails[rank])
+                self.printers[key] = PrefixedPrinter(rank, stream, show, self.tails[rank], run=self.label)
             self.printers[key].feed(data)
 
     def _finish_printing(self):

@@ -1,5 +1,6 @@
 """The `@distributed` launcher: one test per behaviour of DESIGN.md's contract (CPU, gloo, 2 ranks)."""
 import ast
+import concurrent.futures
 import json
 import linecache
 import multiprocessing
@@ -657,6 +658,202 @@ def test_a_stall_dumps_every_ranks_python_stack_then_kills_them():
         assert "wait_here_for_ever" in section, f"rank {rank}'s stack is missing:\n{message}"
     assert_nothing_left_running()
 
+
+# --- serverless_gpu's signature, runs in the background, GPU leases, system metrics (issue 19) -------
+
+SERVERLESS_GPU_CELL = """
+from serverless_gpu import distributed
+import os
+import torch
+import torch.distributed as dist
+
+@distributed(gpus=2, gpu_type="H100", remote=False)
+def run_train():
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    total = torch.ones(1)
+    dist.all_reduce(total)
+    dist.destroy_process_group()
+    return {"rank": int(os.environ["RANK"]), "sum": total.item()}
+
+results = run_train.distributed()
+"""
+
+
+def test_a_cell_written_for_serverless_gpu_runs_with_only_the_import_changed(capsys):
+    cell = SERVERLESS_GPU_CELL.replace("from serverless_gpu import distributed", "from nbhelpers import distributed")
+    namespace = {}
+    exec(compile(cell, "<a serverless_gpu cell>", "exec"), namespace)
+    assert namespace["results"] == [{"rank": 0, "sum": 2.0}, {"rank": 1, "sum": 2.0}]
+    said = capsys.readouterr().err
+    assert said.count("gpu_type='H100' ignored: no GPU is visible here") == 1, said
+
+
+def simulate_gpus(monkeypatch, tmp_path, count, name="NVIDIA H200"):
+    """This process sees `count` GPUs named `name` (the ranks still run on the CPU, with gloo), leased in
+    a folder of this test's own."""
+    monkeypatch.setattr(local_engine, "_visible_gpu_count", lambda: count)
+    monkeypatch.setattr(local_engine, "_gpu_names", lambda gpus: [name] * len(gpus))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("NBHELPERS_GPU_LEASE_DIR", str(tmp_path / "leases"))
+
+
+def test_a_gpu_type_other_than_the_visible_gpus_is_refused_at_decoration(monkeypatch, tmp_path):
+    simulate_gpus(monkeypatch, tmp_path, 2)
+    with pytest.raises(ValueError, match=r"gpu_type='A10' but the GPUs visible here are NVIDIA H200 \(2x\)"):
+        distributed(gpus=2, gpu_type="A10")(lambda: None)
+    with pytest.raises(ValueError, match="gpu_type='H100'"):
+        distributed(gpu_type="H100")(lambda: None)
+    distributed(gpus=2, gpu_type="h200")(lambda: None)  # the name as the GPU's product name has it, any case
+    assert not leftover_processes()
+
+
+def test_remote_without_a_ray_cluster_is_refused_at_once_with_what_to_do():
+    code = "from nbhelpers import distributed\ndistributed(gpus=2, gpu_type='A10', remote=True)(print)"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode != 0
+    assert "attached to none" in proc.stderr and 'ray.init(address="HEAD_IP:6379") (or set RAY_ADDRESS)' in proc.stderr
+    with pytest.raises(ValueError, match='remote=True runs on a Ray cluster'):
+        distributed(remote=True, engine="local")(print)
+
+
+def _meet(folder, count):
+    """Say this rank has started (its CUDA_VISIBLE_DEVICES), then wait until `count` ranks have."""
+    gpu = os.environ.get("CUDA_VISIBLE_DEVICES")
+    open(os.path.join(folder, f"started-{gpu}"), "w").close()
+    deadline = time.monotonic() + 120
+    while len([f for f in os.listdir(folder) if f.startswith("started-")]) < count:
+        assert time.monotonic() < deadline, "the other run never started: the runs did not overlap"
+        time.sleep(0.05)
+    return gpu
+
+
+def test_two_runs_in_the_background_run_at_once_on_different_gpus(monkeypatch, tmp_path):
+    simulate_gpus(monkeypatch, tmp_path, 2)
+    meet = distributed(gpus=1)(_meet)
+    runs = [meet.distributed_async(str(tmp_path), 2) for _ in range(2)]
+    gpus = [run.result(timeout=300)[0] for run in runs]
+    assert sorted(gpus) == ["0", "1"]
+    assert_nothing_left_running()
+
+
+def _hold_until_released(folder, name):
+    open(os.path.join(folder, f"{name}-{os.getpid()}"), "w").close()
+    while not os.path.exists(os.path.join(folder, "release")):
+        time.sleep(0.05)
+    return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def wait_for_file(folder, prefix):
+    deadline = time.monotonic() + 300
+    while not (found := [f for f in os.listdir(folder) if f.startswith(prefix)]):
+        assert time.monotonic() < deadline, f"no {prefix}* in {folder}"
+        time.sleep(0.05)
+    return int(found[0].rsplit("-", 1)[1])
+
+
+def test_a_launch_waits_for_the_gpu_another_launch_holds(monkeypatch, tmp_path, capsys):
+    simulate_gpus(monkeypatch, tmp_path, 1)
+    hold = distributed(gpus=1)(_hold_until_released)
+    first = hold.distributed_async(str(tmp_path), "first")
+    wait_for_file(tmp_path, "first-")
+    second = hold.distributed_async(str(tmp_path), "second")
+    deadline = time.monotonic() + 60
+    while "waiting for 1 GPU(s)" not in capsys.readouterr().err:
+        assert time.monotonic() < deadline, "the second launch did not say that it waits"
+        time.sleep(0.05)
+    assert not second.done() and not [f for f in os.listdir(tmp_path) if f.startswith("second-")]
+    (tmp_path / "release").touch()
+    assert first.result(timeout=300) == ["0"] and second.result(timeout=300) == ["0"]
+    assert_nothing_left_running()
+
+
+HOLDS_GPU_0 = """
+import sys, time
+from nbhelpers.gpu_lease import GpuLease
+with GpuLease(["0", "1"], 1, holder="another notebook") as gpus:
+    print("holding", gpus, flush=True)
+    time.sleep(300)
+"""
+
+
+def test_the_gpu_lease_is_seen_by_every_process_of_the_host(monkeypatch, tmp_path):
+    simulate_gpus(monkeypatch, tmp_path, 2)
+    other = subprocess.Popen([sys.executable, "-c", HOLDS_GPU_0], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline() == "holding ['0']\n"
+
+        @distributed(gpus=1)
+        def gpu():
+            return os.environ["CUDA_VISIBLE_DEVICES"]
+
+        assert gpu.distributed() == ["1"]
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_cancelling_one_run_stops_its_ranks_and_nothing_else(monkeypatch, tmp_path):
+    simulate_gpus(monkeypatch, tmp_path, 2)
+    hold = distributed(gpus=1)(_hold_until_released)
+    cancelled, kept = hold.distributed_async(str(tmp_path), "cancelled"), hold.distributed_async(str(tmp_path), "kept")
+    cancelled_pid, kept_pid = wait_for_file(tmp_path, "cancelled-"), wait_for_file(tmp_path, "kept-")
+    assert cancelled.cancel()
+    with pytest.raises(concurrent.futures.CancelledError):
+        cancelled.result()
+    assert not psutil.pid_exists(cancelled_pid) or psutil.Process(cancelled_pid).status() == psutil.STATUS_ZOMBIE
+    assert kept.running() and psutil.Process(kept_pid).status() != psutil.STATUS_ZOMBIE
+    (tmp_path / "release").touch()
+    assert kept.result(timeout=300) in (["0"], ["1"])
+    assert_nothing_left_running()
+
+
+def test_output_of_a_run_in_the_background_names_the_run_and_the_rank(monkeypatch):
+    stream = TimedStream()
+    monkeypatch.setattr(sys, "stdout", stream)
+
+    @distributed
+    def talk():
+        print("hello")
+
+    run = talk.distributed_async()
+    run.result(timeout=300)
+    assert f"[{run.name} rank 0] hello\n" in stream.text() and f"[{run.name} rank 1] hello\n" in stream.text()
+
+
+def _busy(seconds):
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        sum(range(10_000))
+
+
+def test_a_launch_returns_its_ranks_system_metrics():
+    results = distributed(_busy).distributed(3)
+    metrics = results.system_metrics
+    assert all(n >= 2 for n in metrics["samples_per_rank"]), metrics
+    assert all(cpu > 0 for cpu in metrics["cpu_utilization_percent_mean"]), metrics
+    assert all(memory > 10 * 2**20 for memory in metrics["host_memory_peak_bytes"]), metrics
+    assert metrics["gpu_utilization_percent_mean"] is None and metrics["gpu_memory_peak_bytes"] is None  # no GPU
+
+
+def test_system_metrics_arrive_in_the_active_mlflow_run(tmp_path):
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    try:
+        with mlflow.start_run() as run:
+            distributed(_busy).distributed(3)
+        client = mlflow.tracking.MlflowClient()
+        for rank in (0, 1):
+            cpu = client.get_metric_history(run.info.run_id, f"system/rank_{rank}_cpu_utilization_percentage")
+            memory = client.get_metric_history(run.info.run_id, f"system/rank_{rank}_memory_usage_megabytes")
+            assert len(cpu) >= 2 and any(m.value > 0 for m in cpu), cpu
+            assert memory and all(m.value > 10 for m in memory), memory
+    finally:
+        mlflow.set_tracking_uri(None)
+
+
+# --- a real Jupyter kernel, one for these tests; they come last: it lives until the module ends ---------
 
 KERNEL_LAUNCH = """
 import os, signal, time

@@ -4,6 +4,7 @@ Everything here shares one 2-node Ray cluster on 127.0.0.1 with one CPU per node
 loopback only, telemetry and cloud probing off), started once for this module and stopped after it, so
 two ranks or two Ray Train workers always land on two different nodes.
 """
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -211,6 +212,37 @@ def test_a_ray_cluster_that_stops_answering_is_a_stall_too(monkeypatch):
             with contextlib.suppress(psutil.Error):
                 p.resume()
     assert frozen, "found no outbox process to freeze"
+    assert_nothing_left()
+
+
+def test_remote_true_runs_on_the_attached_ray_cluster(capsys):
+    @distributed(gpus=2, gpu_type="H100", remote=True)  # as written for serverless_gpu
+    def where():
+        return os.environ["RANK"], ray.get_runtime_context().get_node_id()
+
+    results = where.distributed()
+    assert [rank for rank, _ in results] == ["0", "1"] and results[0][1] != results[1][1]
+    assert "gpu_type='H100' ignored: the Ray cluster has no GPU" in capsys.readouterr().err
+    assert_nothing_left()
+
+
+def test_cancelling_a_ray_run_in_the_background_stops_its_ranks(monkeypatch):
+    out = TimedStream()
+    monkeypatch.setattr(sys, "stdout", out)
+
+    @distributed(engine="ray")
+    def runs_for_ever():
+        print("running", flush=True)
+        time.sleep(300)
+
+    run = runs_for_ever.distributed_async()
+    deadline = time.monotonic() + 120
+    while out.text().count("running") < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert f"[{run.name} rank 1] running" in out.text()
+    assert run.cancel()
+    with pytest.raises(concurrent.futures.CancelledError):
+        run.result()
     assert_nothing_left()
 
 
