@@ -25,16 +25,18 @@ import torch.distributed as dist
 import torch.nn.functional as F
 import torchvision
 import yaml
-from torchvision import transforms
 
+import gpu_images
 import ray
+import ray.cloudpickle
 import ray.train
 import ray.train.torch
+from gpu_images import make_loaders
 from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 HERE = Path(__file__).resolve().parent
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+ray.cloudpickle.register_pickle_by_value(gpu_images)  # the workers get the data path with the function, not by import
 
 
 def build_model(weights: str | None, num_classes: int) -> torch.nn.Module:
@@ -42,24 +44,6 @@ def build_model(weights: str | None, num_classes: int) -> torch.nn.Module:
     model = torchvision.models.resnet50(weights=weights)
     model.fc = torch.nn.Linear(model.fc.in_features, num_classes)
     return model
-
-
-def image_folders(data_dir: str, image_size: int):
-    train_tf = transforms.Compose([
-        transforms.RandomResizedCrop(image_size, scale=(0.35, 1.0)),
-        transforms.RandomHorizontalFlip(),
-        transforms.ToTensor(),
-        transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD),
-    ])
-    val_tf = transforms.Compose([
-        transforms.Resize(image_size * 8 // 7),
-        transforms.CenterCrop(image_size),
-        transforms.ToTensor(),
-        transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD),
-    ])
-    train = torchvision.datasets.ImageFolder(os.path.join(data_dir, "train"), train_tf)
-    val = torchvision.datasets.ImageFolder(os.path.join(data_dir, "val"), val_tf)
-    return train, val
 
 
 def die_once(config: dict, epoch: int, rank: int, world_size: int) -> None:
@@ -80,7 +64,7 @@ def run_epoch(model, loader, optimizer, device, bf16: bool) -> tuple[float, floa
     totals = torch.zeros(3, device=device)  # summed loss, correct, images
     started = time.perf_counter()
     with torch.set_grad_enabled(training):
-        for images, labels in loader:  # prepare_data_loader already moved them to `device`
+        for images, labels in loader:  # already on `device` (gpu_images.py)
             if device.type == "cuda":
                 images = images.contiguous(memory_format=torch.channels_last)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
@@ -91,7 +75,7 @@ def run_epoch(model, loader, optimizer, device, bf16: bool) -> tuple[float, floa
                 loss.backward()
                 optimizer.step()
             totals += torch.stack([loss.detach() * len(labels), (logits.argmax(1) == labels).sum(),
-                                   torch.tensor(len(labels), device=device)])
+                                   torch.full((), len(labels), device=device)])  # (no host copy: no sync)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - started
@@ -109,9 +93,12 @@ def train_loop_per_worker(config: dict) -> dict:
     bf16 = config["bf16"] and device.type == "cuda"
     torch.manual_seed(config["seed"])
 
-    train_set, val_set = image_folders(config["data"], config["image_size"])
-    # (not `train_set.classes`: cloudpickle would then try to pickle the module `torch.classes`)
-    model = build_model(config["weights"], num_classes=len(train_set.class_to_idx))
+    # JPEG decoding and augmentation on this worker's device, a few batches ahead (gpu_images.py)
+    train_loader, val_loader = make_loaders(
+        config["data_pipeline"], config["data"], batch_size=config["batch_size"], image_size=config["image_size"],
+        device=device, rank=rank, world_size=world_size, seed=config["seed"], read_threads=config["read_threads"],
+        loader_workers=config["loader_workers"])
+    model = build_model(config["weights"], num_classes=train_loader.num_classes)
     start_epoch, state, history = 0, None, []
     checkpoint = ray.train.get_checkpoint()  # set when Ray Train restarted us after a failure
     if checkpoint:
@@ -123,20 +110,15 @@ def train_loop_per_worker(config: dict) -> dict:
 
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)  # the layout cuDNN's bf16 convolutions want
+    if config["torch_compile"]:  # in place (the state dict keeps its names), before DDP wraps it (no graph breaks)
+        model.compile()
     model = ray.train.torch.prepare_model(model)  # Ray: onto this worker's device, wrapped in DDP
     optimizer = torch.optim.AdamW(model.parameters(), lr=config["lr"], weight_decay=config["weight_decay"])
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])  # after the move: its state follows the parameters
 
-    loader_args = dict(batch_size=config["batch_size"], num_workers=config["loader_workers"],
-                       pin_memory=device.type == "cuda", persistent_workers=config["loader_workers"] > 0)
-    train_loader = ray.train.torch.prepare_data_loader(  # Ray: adds a DistributedSampler, moves batches
-        torch.utils.data.DataLoader(train_set, shuffle=True, drop_last=True, **loader_args))
-    val_loader = ray.train.torch.prepare_data_loader(torch.utils.data.DataLoader(val_set, **loader_args))
-
     for epoch in range(start_epoch, config["epochs"]):
-        if world_size > 1:
-            train_loader.sampler.set_epoch(epoch)
+        train_loader.set_epoch(epoch)  # this epoch's shuffle and crops: the same after a restart
         started = time.perf_counter()
         train_loss, train_acc, train_images, train_s = run_epoch(model, train_loader, optimizer, device, bf16)
         die_once(config, epoch, rank, world_size)
@@ -175,7 +157,11 @@ def parse_args(argv=None) -> dict:
     parser.add_argument("--weight-decay", type=float)
     parser.add_argument("--weights", help="torchvision weights name, or 'none' to train from scratch")
     parser.add_argument("--image-size", type=int)
-    parser.add_argument("--loader-workers", type=int, help="DataLoader processes per Ray worker")
+    parser.add_argument("--data_pipeline", choices=("device", "dataloader"),
+                        help="device: decode JPEGs on the worker's GPU (nvJPEG) or CPU; dataloader: PIL in DataLoader processes")
+    parser.add_argument("--read_threads", type=int, help="threads per Ray worker reading JPEG files (device pipeline)")
+    parser.add_argument("--loader-workers", type=int, help="DataLoader processes per Ray worker (dataloader pipeline)")
+    parser.add_argument("--torch_compile", action=argparse.BooleanOptionalAction, help="compile the model (torch.compile)")
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, help="bf16 autocast on GPUs")
     parser.add_argument("--max-failures", type=int, help="worker-group restarts allowed (from the last checkpoint)")
     parser.add_argument("--seed", type=int)
@@ -226,6 +212,7 @@ def main(argv=None) -> None:
     path = write_metrics(
         config["output_dir"],
         recipe="ray_resnet50", world_size=history[-1]["world_size"], use_gpu=use_gpu,
+        data_pipeline=config["data_pipeline"], torch_compile=config["torch_compile"],
         batch_size_per_worker=config["batch_size"], image_size=config["image_size"], weights=config["weights"],
         epochs=history, losses=losses, initial_loss=losses[0], final_loss=losses[-1],
         final_val_accuracy=history[-1]["val_accuracy"],
