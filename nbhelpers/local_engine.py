@@ -236,6 +236,24 @@ def _interrupts_ignored():
             signal.signal(signal.SIGINT, previous)
 
 
+_RANKS_RUNNING = [0]  # ranks of this process's launches running now, behind the lock
+_RANKS_RUNNING_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _ranks_running(count: int):
+    """Count a launch's ranks while it runs; yields the count of all running ones, this launch's included
+    (oversubscribed OpenMP threads spin each other to a crawl: 25x slower was seen)."""
+    with _RANKS_RUNNING_LOCK:
+        _RANKS_RUNNING[0] += count
+        running = _RANKS_RUNNING[0]
+    try:
+        yield running
+    finally:
+        with _RANKS_RUNNING_LOCK:
+            _RANKS_RUNNING[0] -= count
+
+
 class _RankProcess:
     """The launcher's view of one rank: its process, its pipes and what it said."""
 
@@ -273,9 +291,12 @@ class _LocalLaunch:
     def run(self) -> RankResults:
         ctx = _fork_server_context()
         sampler = None
-        with tempfile.TemporaryDirectory(prefix="nbhelpers-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="nbhelpers-") as tmp, _ranks_running(self.world_size) as running:
             try:
-                self._start(ctx, tmp)
+                # CPU threads per rank (OMP_NUM_THREADS, unless set): the cores shared by the ranks running now;
+                # one in the background, where more launches are to come (as torchrun gives several ranks)
+                threads = 1 if self.label else max(1, _usable_cores() // running)
+                self._start(ctx, tmp, threads)
                 sampler = RankSampler([r.process.pid for r in self.ranks], self.gpus or [None] * self.world_size,
                                       self.mlflow_run_id)
                 sampler.start()
@@ -292,10 +313,9 @@ class _LocalLaunch:
         return RankResults([r.outcome.value for r in self.ranks], system_metrics)
 
     # -- start ----------------------------------------------------------------------------------
-    def _start(self, ctx, tmp):
+    def _start(self, ctx, tmp, threads):
         port = _free_port()
         run_id = self.run_id = f"nbhelpers-{os.getpid()}-{port}-{time.time_ns()}"
-        threads = max(1, (os.cpu_count() or 1) // self.world_size)
         from nbhelpers._worker import run_rank
 
         for rank in range(self.world_size):
