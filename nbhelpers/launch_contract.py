@@ -7,7 +7,8 @@
 - The output: `PrefixedPrinter` prints a rank's stream into the cell, line by line, prefixed `[rank N]`.
 - The result: a rank runs the call with `run_call` and sends back one message, an `Outcome` (its return
   value with tensors on the CPU, or the failure with its traceback and when it happened); the engine
-  reads it with `read_outcome` and turns a failure into an error with `failure_error`.
+  reads it with `read_outcome`, turns a failure into an error with `failure_error`, and returns the
+  values as `RankResults` (a list, with the launch's `system_metrics`).
 
 Nothing here imports the engines or the decorator (nbhelpers.launcher), nor torch at import time.
 """

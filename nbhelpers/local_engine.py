@@ -9,6 +9,8 @@ stdout and stderr, which this process prints into the running cell, prefixed `[r
 failure every rank is stopped (SIGTERM, then SIGKILL, whole process groups; a second interrupt does not
 cut that short) and one `DistributedError` names the rank whose failure came first and carries its
 traceback. Ranks die with this process if it dies, and when a launch ends whatever still refers to it.
+With GPUs, a launch first leases its GPUs host-wide (nbhelpers.gpu_lease), so launches running at once
+(`distributed_async`) get disjoint GPUs; while it runs, nbhelpers.system_metrics samples its ranks.
 What runs inside a rank is nbhelpers._worker.
 """
 from __future__ import annotations

@@ -22,6 +22,7 @@ import torch.distributed as dist
 import nbhelpers
 import nbhelpers.local_engine as local_engine
 from nbhelpers import DistributedError, backend, distributed
+from stall_checks import assert_a_stall_names_every_ranks_stack
 from timed_stream import TimedStream
 
 TORCHRUN_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -639,23 +640,7 @@ def test_a_second_interrupt_during_the_stop_leaves_no_rank_running(tmp_path):
 
 
 def test_a_stall_dumps_every_ranks_python_stack_then_kills_them():
-    @distributed(stall_timeout=2)
-    def stalls():
-        def wait_here_for_ever():
-            time.sleep(300)
-
-        print("started")
-        wait_here_for_ever()
-
-    started = time.monotonic()
-    with pytest.raises(DistributedError) as caught:
-        stalls.distributed()
-    message = str(caught.value)
-    assert time.monotonic() - started < 15
-    assert "no rank of stalls() made progress (no output) for 2 s" in message
-    for rank in (0, 1):
-        section = message.split(f"--- rank {rank} ---")[1].split("--- rank")[0]
-        assert "wait_here_for_ever" in section, f"rank {rank}'s stack is missing:\n{message}"
+    assert_a_stall_names_every_ranks_stack(2)
     assert_nothing_left_running()
 
 

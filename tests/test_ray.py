@@ -20,6 +20,7 @@ import ray
 import torch
 import torch.distributed as dist
 from ray_cluster import connect, start_loopback_cluster, stop_loopback_cluster
+from stall_checks import assert_a_stall_names_every_ranks_stack
 from timed_stream import TimedStream
 
 from nbhelpers import DistributedError, distributed
@@ -160,23 +161,7 @@ def test_a_rank_whose_process_dies_is_named_with_its_last_output():
 
 
 def test_a_stall_dumps_every_ranks_python_stack_then_kills_them_on_every_node():
-    @distributed(engine="ray", stall_timeout=6)
-    def stalls():
-        def wait_here_for_ever():
-            time.sleep(300)
-
-        print("started", flush=True)
-        wait_here_for_ever()
-
-    started = time.monotonic()
-    with pytest.raises(DistributedError) as caught:
-        stalls.distributed()
-    message = str(caught.value)
-    assert time.monotonic() - started < 60
-    assert "no rank of stalls() made progress (no output) for 6 s" in message
-    for rank in (0, 1):
-        section = message.split(f"--- rank {rank} ---")[1].split("--- rank")[0]
-        assert "wait_here_for_ever" in section, f"rank {rank}'s stack is missing:\n{message}"
+    assert_a_stall_names_every_ranks_stack(6, engine="ray")
     assert_nothing_left()
 
 
