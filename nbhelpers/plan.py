@@ -117,6 +117,8 @@ CPU offload (two more rows; recommended only when nothing fits on the GPUs alone
                    place): bf16 parameter partitions (2P/N), fp32 master and Adam (12P/N) and fp32 gradients
                    (4P/N) on the CPU; the GPU holds the gathered modules, the reduce bucket and the activations.
 (pure bf16: 2-byte parameters, gradients, Adam states.) The frozen base of LoRA is offloaded with the rest.
+fused_adamw=True (torch.optim.AdamW(fused=True), the FSDP2 recipe's optimizer on GPUs) updates in place: the
+DDP and FSDP2 rows then have no sqrt(v) temporary.
 `cpu_memory_gib` (per node, with `gpus_per_node`) decides whether the host can hold it; None: not checked,
 only stated.
 
@@ -359,7 +361,7 @@ def activation_bytes(config, seq_len: int, micro_batch: int, checkpointing: bool
 # --------------------------------------------------------------------------------------------------
 # Parameters, gradients, optimizer states per technique (table: module docstring)
 # --------------------------------------------------------------------------------------------------
-def state_bytes(technique: str, counts: Counts, gpus: int, precision: str) -> dict:
+def state_bytes(technique: str, counts: Counts, gpus: int, precision: str, fused_adamw: bool = False) -> dict:
     """Bytes per GPU: parameters, optimizer (states incl. fp32 master), gradients (at the end of backward),
     gradients_held (the part allocated before backward starts), temporaries (optimizer step only) and cpu
     (host memory per GPU, the offload techniques only)."""
@@ -368,6 +370,7 @@ def state_bytes(technique: str, counts: Counts, gpus: int, precision: str) -> di
     mixed = precision == "bf16-mixed"
     optimizer = (12 if mixed else 4) * trainable  # fp32 master + Adam m, v  |  bf16 m, v
     adam_temp = (4 if mixed else 2) * trainable  # foreach AdamW's sqrt(v)
+    torch_adam_temp = 0 if fused_adamw else adam_temp  # AdamW(fused=True) updates in place (DDP, FSDP2)
     fp32_grad = 4 * trainable if mixed else 0  # DeepSpeed upcasts its bf16 gradient partition for the step
     bucket = 2 * DEEPSPEED_REDUCE_BUCKET  # DeepSpeed's bf16 reduce buffer, allocated at full size
     layer_trainable = counts.layer if not counts.frozen else trainable * counts.layer / max(counts.total, 1)
@@ -380,10 +383,10 @@ def state_bytes(technique: str, counts: Counts, gpus: int, precision: str) -> di
         grad = (4 if mixed else 2) * trainable
         if n == 1:  # one GPU needs no DDP: no buckets, gradients appear during backward
             terms = {"parameters": 2 * trainable + frozen, "gradients": grad, "gradients_held": 0,
-                     "optimizer": optimizer, "temporaries": adam_temp}
+                     "optimizer": optimizer, "temporaries": torch_adam_temp}
         else:  # DDP's all-reduce buckets are allocated at wrap time; the .grad tensors beside them during backward
             terms = {"parameters": 2 * trainable + frozen, "gradients": grad, "gradients_held": grad,
-                     "optimizer": optimizer, "temporaries": grad + adam_temp}
+                     "optimizer": optimizer, "temporaries": grad + torch_adam_temp}
     elif technique in ("zero1", "zero2"):
         grad = 2 * trainable / (n if technique == "zero2" else 1) + bucket
         terms = {"parameters": 2 * trainable + frozen, "gradients": grad, "gradients_held": 0,
@@ -391,13 +394,13 @@ def state_bytes(technique: str, counts: Counts, gpus: int, precision: str) -> di
     elif technique == "fsdp":
         stored = (frozen + (0 if mixed else 2 * trainable)) / n  # mixed: the fp32 shards are the master weights
         terms = {"parameters": stored + fsdp_gathered, "gradients": (4 if mixed else 2) * trainable / n + unsharded,
-                 "gradients_held": unsharded, "optimizer": optimizer / n, "temporaries": adam_temp / n}
+                 "gradients_held": unsharded, "optimizer": optimizer / n, "temporaries": torch_adam_temp / n}
     elif technique == "zero3":
         grad = 2 * trainable / n + bucket  # both allocated when the engine is built
         terms = {"parameters": (2 * trainable + frozen) / n + zero3_gathered, "gradients": grad,
                  "gradients_held": grad, "optimizer": optimizer / n, "temporaries": (fp32_grad + adam_temp) / n}
     elif technique == "fsdp_offload":  # shards, their gradients and the optimizer on the CPU; the step runs there
-        on_cpu = frozen + (4 + 4 + 8 + 4 if mixed else 2 + 2 + 4 + 2) * trainable
+        on_cpu = frozen + (4 + 4 + 8 if mixed else 2 + 2 + 4) * trainable + torch_adam_temp
         terms = {"parameters": fsdp_gathered, "gradients": unsharded, "gradients_held": unsharded,
                  "optimizer": 0, "temporaries": 0, "cpu": on_cpu / n}
     elif technique == "zero3_offload":  # bf16 partitions, fp32 master + Adam and fp32 gradients on the CPU
@@ -464,6 +467,7 @@ class Plan:
     cpu_memory_gib: float | None = None  # per node; None: host memory not checked
     linear_attention: str | None = None  # Gated DeltaNet implementation counted (hybrid models)
     offload_estimates: list[Estimate] = field(default_factory=list)  # OFFLOAD_TECHNIQUES
+    fused_adamw: bool = False
 
     def estimate(self, technique: str) -> Estimate:
         return next(e for e in self.estimates + self.offload_estimates if e.technique == technique)
@@ -511,7 +515,7 @@ def plan(model, gpus: int = 1, gpu_memory_gib: float = 80.0, precision: str = "b
          lora_rank: int | None = None, lora_targets=LORA_ALL_LINEAR, seq_len: int = 2048, micro_batch: int = 1,
          checkpointing: bool = False, attention: str | None = None, suggest: bool = True,
          quantization: str | None = None, cpu_memory_gib: float | None = None, gpus_per_node: int | None = None,
-         linear_attention: str = "torch") -> Plan:
+         linear_attention: str = "torch", fused_adamw: bool = False) -> Plan:
     """Estimate per-GPU memory of each technique and pick one (see the module docstring for the model).
 
     model: a stand-in name, hub id, model folder, transformers config or built model, or the (name, model)
@@ -524,6 +528,8 @@ def plan(model, gpus: int = 1, gpu_memory_gib: float = 80.0, precision: str = "b
     gpus_per_node: default min(gpus, 8).
     linear_attention: the Gated DeltaNet implementation of hybrid models (Qwen3.5): "torch" (transformers'
     fallback) or "fla" (flash-linear-attention + causal-conv1d).
+    fused_adamw: torch.optim.AdamW(fused=True), as the FSDP2 recipe uses on GPUs: no sqrt(v) step temporary
+    (DDP and FSDP2 rows; DeepSpeed keeps its own optimizer).
     """
     if not isinstance(gpus, int) or gpus < 1:
         raise ValueError(f"gpus must be a whole number >= 1, not {gpus!r}")
@@ -555,7 +561,7 @@ def plan(model, gpus: int = 1, gpu_memory_gib: float = 80.0, precision: str = "b
 
     estimates = []
     for technique in TECHNIQUES + OFFLOAD_TECHNIQUES:
-        terms = state_bytes(technique, counts, gpus, precision)
+        terms = state_bytes(technique, counts, gpus, precision, fused_adamw)
         fp32_residual = technique == "ddp" and precision == "bf16-mixed" and not lora_rank  # autocast on fp32 weights
         terms["activations"] = activation_bytes(config, seq_len, micro_batch, checkpointing, attention, fp32_residual,
                                                 linear_attention)
@@ -580,7 +586,7 @@ def plan(model, gpus: int = 1, gpu_memory_gib: float = 80.0, precision: str = "b
                   micro_batch, checkpointing, attention, estimates[:len(TECHNIQUES)], recommended, advice,
                   offload=offload, gpus_per_node=gpus_per_node, cpu_memory_gib=cpu_memory_gib,
                   linear_attention=linear_attention if hybrid else None,
-                  offload_estimates=estimates[len(TECHNIQUES):])
+                  offload_estimates=estimates[len(TECHNIQUES):], fused_adamw=fused_adamw)
     if suggest and recommended is None:
         result.suggestions = _suggestions((name, meta_model), result, lora_targets, quantization)
     return result
@@ -616,7 +622,8 @@ def _suggestions(model, failed: Plan, lora_targets, quantization) -> list[str]:
     kwargs = dict(gpus=failed.gpus, gpu_memory_gib=failed.gpu_memory_gib, precision=failed.precision,
                   lora_rank=lora_rank, lora_targets=lora_targets, seq_len=failed.seq_len,
                   micro_batch=failed.micro_batch, checkpointing=failed.checkpointing, attention=failed.attention,
-                  suggest=False, quantization=quantization, linear_attention=failed.linear_attention or "torch")
+                  suggest=False, quantization=quantization, linear_attention=failed.linear_attention or "torch",
+                  fused_adamw=failed.fused_adamw)
     counts = [failed.gpus] + [g for g in (2, 4, 8, 16, 32, 64, 128, 256) if g > failed.gpus]
     alternatives = [("more GPUs", {})]
     if not failed.checkpointing:
@@ -679,6 +686,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--linear-attention", choices=LINEAR_ATTENTION_KERNELS, default="torch",
                         help="hybrid models (Qwen3.5): Gated DeltaNet as transformers' PyTorch fallback or "
                              "flash-linear-attention + causal-conv1d")
+    parser.add_argument("--fused-adamw", action="store_true",
+                        help="torch.optim.AdamW(fused=True), as the FSDP2 recipe on GPUs: no sqrt(v) step temporary")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON (every term, GiB per GPU)")
     return parser
 
@@ -692,7 +701,8 @@ def main(argv=None) -> None:
                       lora_rank=args.lora_rank, lora_targets=targets, seq_len=args.seq_len,
                       micro_batch=args.micro_batch, checkpointing=args.checkpointing, attention=args.attention,
                       quantization=args.quantization, cpu_memory_gib=args.cpu_memory,
-                      gpus_per_node=args.gpus_per_node, linear_attention=args.linear_attention)
+                      gpus_per_node=args.gpus_per_node, linear_attention=args.linear_attention,
+                      fused_adamw=args.fused_adamw)
     except ValueError as error:
         parser.error(str(error))
     print(json.dumps(result.to_dict(), indent=2) if args.json else result)

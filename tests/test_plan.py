@@ -77,6 +77,14 @@ def test_pure_bf16_keeps_two_byte_adam_states_and_no_master():
     assert bytes_of(result.estimate("zero3"), "optimizer") == pytest.approx(4 * p / 4)
 
 
+def test_fused_adamw_needs_no_step_temporaries():
+    p = tiny_llama_parameters_by_hand()
+    foreach = plan(LlamaConfig(**TINY_LLAMA), gpus=2, gpu_memory_gib=80).estimate("fsdp")
+    fused = plan(LlamaConfig(**TINY_LLAMA), gpus=2, gpu_memory_gib=80, fused_adamw=True).estimate("fsdp")
+    assert bytes_of(foreach, "temporaries") == pytest.approx(4 * p / 2)  # foreach AdamW's fp32 sqrt(v), sharded
+    assert bytes_of(fused, "temporaries") == 0
+
+
 def test_lora_trains_only_the_adapters():
     p = tiny_llama_parameters_by_hand()
     adapters = 2 * (8 * (64 + 64) + 8 * (64 + 32))  # r=8 on q_proj (64->64) and v_proj (64->32), 2 layers
