@@ -100,6 +100,13 @@ def test_packed_samples_get_the_logits_loss_and_gradients_they_get_alone(model, 
         torch.testing.assert_close(packed_grad, parameter.grad, rtol=1e-4, atol=1e-6)
 
 
+def test_packed_samples_with_a_cache_are_refused_with_advice(model, linear_attention):
+    linear_attention.install(linear_attention.select_kernels(torch.device("cpu")))
+    ids, positions = packed_batch(samples(model.config.vocab_size), 220)
+    with torch.no_grad(), pytest.raises(ValueError, match="use_cache=False"):
+        model(input_ids=ids, position_ids=positions, use_cache=True, **linear_attention.packed_kwargs(positions))
+
+
 def test_varlen_conv_convolves_each_sample_as_if_alone(linear_attention):
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(2, 40, 8, generator=generator).transpose(1, 2)  # [batch, channels, length], channel-last as in the layer

@@ -9,8 +9,9 @@ kwargs to `causal_conv1d_fn` and `cu_seq_lens_q` (as `cu_seqlens`) to `chunk_gat
 fallbacks ignore both, flash-linear-attention honours cu_seqlens (batch 1 only), causal-conv1d does not take
 it (it takes seq_idx, which nothing passes). So:
 
-    kernels = select_kernels(device)   # flash-linear-attention / causal-conv1d if installed and correct, else PyTorch
-    install(kernels)                   # the layer calls our two functions instead of transformers'
+    if has_linear_attention(model.config):
+        kernels = select_kernels(device)   # flash-linear-attention / causal-conv1d if installed and correct, else PyTorch
+        install(kernels)                   # the layer calls our two functions instead of transformers'
     model(input_ids=ids, position_ids=pos, **packed_kwargs(pos))   # cu_seq_lens_q/k, max_length_q/k
 
 `install` replaces the module's two kernel entry points with functions that honour the sample boundaries:
@@ -30,6 +31,7 @@ from transformers.activations import ACT2FN
 from transformers.models.qwen3_5 import modeling_qwen3_5
 
 PATCHED = ("torch_chunk_gated_delta_rule", "causal_conv1d_fn")  # the names Qwen3_5GatedDeltaNet.forward calls
+INSTALLED = []  # the Kernels install() put in place (the last one counts)
 
 
 def _reference(name: str):
@@ -81,10 +83,23 @@ class Kernels:
                 + ("; PyTorch fallback (much slower) because " + "; ".join(self.why_not) if self.why_not else ""))
 
 
-def select_kernels(device: torch.device) -> Kernels:
+def has_linear_attention(config) -> bool:
+    """Whether the model has Gated DeltaNet layers this module covers (transformers' qwen3_5 text model)."""
+    types = getattr(config, "layer_types", None) or []
+    if "linear_attention" in types and config.model_type != "qwen3_5_text":
+        raise ValueError(f"{config.model_type} has linear-attention layers, but packing is made safe for Qwen3.5 "
+                         "(qwen3_5_text) only: train it unpacked, or extend recipes/fsdp2_qwen3_multinode/linear_attention.py")
+    return "linear_attention" in types
+
+
+def select_kernels(device: torch.device, fast: bool = True) -> Kernels:
     """The fast kernels that import and pass a packed forward + backward check against the PyTorch reference on
-    this device (fla 0.6 refuses its Hopper backward below Triton 3.7.1, for one); else the fallback, with why."""
+    this device (fla 0.6 refuses its Hopper backward below Triton 3.7.1, for one); else the fallback, with why.
+    fast=False: the fallback, on purpose (to compare)."""
     kernels = Kernels()
+    if not fast:
+        kernels.why_not.append("the PyTorch kernels were asked for")
+        return kernels
     if device.type != "cuda":
         kernels.why_not.append("no GPU")
         return kernels
@@ -117,11 +132,13 @@ def install(kernels: Kernels) -> None:
     for name, function in (("torch_chunk_gated_delta_rule", delta_rule), ("causal_conv1d_fn", conv)):
         function.original = ORIGINAL[name]
         setattr(modeling_qwen3_5, name, function)
+    INSTALLED.append(kernels)
 
 
 def uninstall() -> None:
     for name in PATCHED:
         setattr(modeling_qwen3_5, name, ORIGINAL[name])
+    INSTALLED.clear()
 
 
 @torch.compiler.disable  # data-dependent sample boundaries: eager, between compiled regions
@@ -129,7 +146,10 @@ def chunk_gated_delta_rule(query, key, value, g, beta, chunk_size=64, initial_st
                            use_qk_l2norm_in_kernel=False, cu_seqlens=None, fla=None, **ignored):
     """The gated delta rule of transformers' signature ([batch, length, heads, dim]); with `cu_seqlens` (the
     batch's rows flattened, as packed_kwargs gives it) the recurrent state starts from zero at every sample."""
-    if cu_seqlens is None or initial_state is not None or output_final_state:  # not packed (or with a cache)
+    if cu_seqlens is not None and (initial_state is not None or output_final_state):
+        raise ValueError("packed samples (cu_seq_lens_q) with a cache: the state would not restart at each sample; "
+                         "train with use_cache=False (model.config.use_cache = False)")
+    if cu_seqlens is None:
         if fla is not None:
             return fla(query, key, value, g=g, beta=beta, initial_state=initial_state,
                        output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
