@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 import uuid
 from pathlib import Path
@@ -141,6 +142,96 @@ def test_fsdp2_qwen3_two_nodes_resumes_from_its_distributed_checkpoint(tmp_path,
     assert second["resumed_from_step"] == 6
     assert second["losses"][:6] == first["losses"][:6]
     assert second["losses"][6:] == pytest.approx(first["losses"][6:], abs=2e-3)
+
+
+# The FSDP2 recipe's own save_checkpoint / resume, on one rank (gloo) and a small FSDP2 model, in processes that
+# end as a crash would end them. MODE save-then-disk-full | save-then-killed-resave | resume; prints what it did.
+FSDP2_CHECKPOINTS = textwrap.dedent("""
+    import errno, importlib.util, os, sys, time
+    from pathlib import Path
+    import torch, torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    script, mode, folders = sys.argv[1], sys.argv[2], [Path(p) for p in sys.argv[3:]]
+    dist.init_process_group("gloo", init_method=f"file://{folders[0]}.store", rank=0, world_size=1)
+    spec = importlib.util.spec_from_file_location("fsdp2_train", script)
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    checkpoints = train.checkpoints
+
+    def fresh_model():
+        torch.manual_seed(0)
+        model = fully_shard(torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 256)))
+        return model, torch.optim.AdamW(model.parameters(), lr=0.1)
+
+    def take_step(model, optimizer):
+        model(torch.randn(8, 256)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    def fingerprint(model):
+        return sum(p.full_tensor().double().sum().item() for p in model.parameters())
+
+    model, optimizer = fresh_model()
+    if mode == "resume":
+        for folder in folders:
+            path, step, losses = train.resume(model, optimizer, folder)
+            print(f"resumed {folder.name} step {step} losses {losses} weights {fingerprint(model)!r}", flush=True)
+        sys.exit(0)
+    take_step(model, optimizer)
+    train.save_checkpoint(model, optimizer, 2, [2.0], folders[0], keep=3)
+    print(f"saved step 2 weights {fingerprint(model)!r}", flush=True)
+    take_step(model, optimizer)
+    if mode == "save-then-disk-full":  # the disk fills while the manifest (the marker) is written
+        def open_on_a_full_disk(path, *args, **kwargs):
+            if Path(path).name.startswith(checkpoints.MANIFEST):
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return open(path, *args, **kwargs)
+        checkpoints.open = open_on_a_full_disk
+        try:
+            train.save_checkpoint(model, optimizer, 4, [2.0, 1.0], folders[0], keep=3)
+        except OSError as error:
+            print(f"step 4: {error}", flush=True)
+    else:  # saves step 2 again (new weights), and is killed while its shards are half written
+        real_save = train.dcp.save
+        def save_and_be_killed(state, checkpoint_id):
+            real_save(state, checkpoint_id=checkpoint_id)
+            for shard in Path(checkpoint_id).glob("*.distcp"):
+                os.truncate(shard, shard.stat().st_size // 2)
+            print("half written", flush=True)
+            time.sleep(120)
+        train.dcp.save = save_and_be_killed
+        train.save_checkpoint(model, optimizer, 2, [9.0], folders[0], keep=3)
+""")
+
+
+def fsdp2_checkpoints(tmp_path, mode, *folders) -> subprocess.Popen:
+    script = tmp_path / "fsdp2_checkpoints.py"
+    script.write_text(FSDP2_CHECKPOINTS)
+    return subprocess.Popen([sys.executable, str(script), str(RECIPES / "fsdp2_qwen3_multinode" / "train.py"), mode,
+                             *map(str, folders)], env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.PIPE, text=True)
+
+
+def test_fsdp2_checkpoints_survive_a_full_disk_at_the_marker_and_a_killed_resave_of_the_same_step(tmp_path):
+    """Issue 16 §3: (a) a disk that filled while the marker was written left an empty trainer_state.json and every
+    restart failed with JSONDecodeError; (b) a re-save into an existing step_N killed mid-write kept the old marker
+    and the next run resumed silently from the half-new shards."""
+    disk_full, killed = tmp_path / "disk_full", tmp_path / "killed"
+    first = fsdp2_checkpoints(tmp_path, "save-then-disk-full", disk_full)
+    second = fsdp2_checkpoints(tmp_path, "save-then-killed-resave", killed)
+    output = first.communicate(timeout=180)[0]
+    assert first.returncode == 0 and "step 4: [Errno 28] No space left on device" in output, output
+    saved_a = output.split("saved step 2 weights ")[1].split()[0]
+    saved_b = second.stdout.readline().split("saved step 2 weights ")[1].strip()
+    assert second.stdout.readline().strip() == "half written"
+    second.kill()
+    second.wait(timeout=30)
+
+    restart = fsdp2_checkpoints(tmp_path, "resume", disk_full, killed)
+    output = restart.communicate(timeout=180)[0]
+    assert restart.returncode == 0, output
+    assert f"resumed disk_full step 2 losses [2.0] weights {saved_a}" in output  # the complete one before
+    assert f"resumed killed step 2 losses [2.0] weights {saved_b}" in output  # the old complete step 2, whole
 
 
 def test_packed_sample_has_the_same_loss_as_alone(standin):

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import shutil
 import time
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from tqdm import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from nbhelpers import checkpoints
 from nbhelpers.metrics import peak_memory_bytes, write_metrics
 from nbhelpers.recipes import (FLOP_FORMULA, alpaca_prompt, flops_per_token, gather_rank_facts, init_distributed,
                                load_rows, matmul_parameters, parse_config, peak_flops, shutdown,
@@ -110,31 +110,26 @@ def learning_rate(step: int, cfg: dict) -> float:
 # --------------------------------------------------------------------------------------------------
 # Distributed checkpoint: every rank writes its own shards; resumable on any number of ranks
 # --------------------------------------------------------------------------------------------------
-def latest_checkpoint(output_dir: Path) -> Path | None:
-    done = sorted(p.parent for p in (output_dir / "checkpoints").glob("step_*/trainer_state.json"))
-    return done[-1] if done else None
-
-
-def save_checkpoint(model, optimizer, step: int, losses: list, output_dir: Path, keep: int) -> Path:
-    path = output_dir / "checkpoints" / f"step_{step:07d}"
+def save_checkpoint(model, optimizer, step: int, losses: list, checkpoint_dir: Path, keep: int) -> Path:
+    """step_N, written as nbhelpers.checkpoints does: into step_N.tmp, manifest last, renamed into place."""
+    path = checkpoint_dir / f"step_{step:07d}"
     model_state, optimizer_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=path)
-    dist.barrier()
-    if dist.get_rank() == 0:  # written last: a checkpoint without it is incomplete and ignored
-        (path / "trainer_state.json").write_text(json.dumps({"step": step, "losses": losses}))
-        for old in sorted((output_dir / "checkpoints").glob("step_*"))[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-    dist.barrier()
+    with checkpoints.saving(path, {"step": step, "losses": losses}, keep=keep) as folder:
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=folder)
     return path
 
 
-def load_checkpoint(model, optimizer, path: Path) -> tuple[int, list]:
+def resume(model, optimizer, checkpoint_dir: Path) -> tuple[Path | None, int, list]:
+    """Load the newest checkpoint whose every shard verifies: (its folder, its step, the losses so far); (None, 0, [])."""
+    path = checkpoints.newest_verified(checkpoint_dir, "step_*")
+    if path is None:
+        return None, 0, []
     model_state, optimizer_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optimizer_state}
     dcp.load(state, checkpoint_id=path)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-    trainer_state = json.loads((path / "trainer_state.json").read_text())
-    return trainer_state["step"], trainer_state["losses"]
+    metadata = checkpoints.read_metadata(path)
+    return path, metadata["step"], metadata["losses"]
 
 
 def main():
@@ -181,14 +176,12 @@ def train(cfg, device, rank, world_size, output_dir, on_gpu):
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"],
                                   betas=(0.9, 0.95), fused=on_gpu)
 
-    # Resume from the newest complete checkpoint, if any.
-    start_step, losses, resumed_from = 0, [], None
-    checkpoint = latest_checkpoint(output_dir) if cfg["resume"] else None
-    if checkpoint is not None:
-        start_step, losses = load_checkpoint(model, optimizer, checkpoint)
-        resumed_from = start_step
-        if rank == 0:
-            print(f"resumed from {checkpoint} (step {start_step})", flush=True)
+    # Resume from the newest checkpoint that verifies, if any.
+    checkpoint, start_step, losses = resume(model, optimizer, output_dir / "checkpoints") if cfg["resume"] \
+        else (None, 0, [])
+    resumed_from = start_step if checkpoint else None
+    if checkpoint and rank == 0:
+        print(f"resumed from {checkpoint} (step {start_step})", flush=True)
 
     # Data
     if cfg["synthetic_data"]:
@@ -213,7 +206,7 @@ def train(cfg, device, rank, world_size, output_dir, on_gpu):
     step_losses = []  # this run's per-step loss tensors; read back (a GPU sync) only every log_every steps
     timing_from = start_step + cfg["timing_warmup_steps"]  # steps before it warm up (and compile)
     timed_start, first_step_s = None, None
-    checkpoints = []
+    saved = []
     progress = tqdm(range(start_step, cfg["max_steps"]), disable=rank != 0, desc="train", mininterval=5)
     for step in progress:
         if step == timing_from:
@@ -243,14 +236,15 @@ def train(cfg, device, rank, world_size, output_dir, on_gpu):
         step_losses.append(step_loss / n_tokens)
         if step == start_step:
             first_step_s = time.perf_counter() - step_started  # includes torch.compile
+            checkpoints.check_resumed_loss(step_losses[0].item(), checkpoint)
         done = step + 1
         if done % cfg["log_every"] == 0 or done == cfg["max_steps"]:
             progress.set_postfix(loss=f"{step_losses[-1].item():.4f}")
             if rank == 0:
                 print(f"step {done} loss {step_losses[-1].item():.4f} lr {learning_rate(step, cfg):.2e}", flush=True)
         if cfg["checkpoint_every"] and done % cfg["checkpoint_every"] == 0 and done < cfg["max_steps"]:
-            checkpoints.append(str(save_checkpoint(model, optimizer, done, losses + [x.item() for x in step_losses],
-                                                   output_dir, cfg["keep_checkpoints"])))
+            saved.append(str(save_checkpoint(model, optimizer, done, losses + [x.item() for x in step_losses],
+                                             output_dir / "checkpoints", cfg["keep_checkpoints"])))
     if on_gpu:
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - timed_start if timed_start is not None else None
@@ -280,7 +274,7 @@ def train(cfg, device, rank, world_size, output_dir, on_gpu):
             local_shard_numel=[f["local_shard_numel"] for f in facts],
             peak_memory_bytes=[f["peak_memory_bytes"] for f in facts],
             losses=losses, initial_loss=losses[0], final_loss=losses[-1],
-            resumed_from_step=resumed_from, checkpoints=checkpoints, steps=cfg["max_steps"],
+            resumed_from_step=resumed_from, checkpoints=saved, steps=cfg["max_steps"],
             timed_steps=timed_steps, timed_seconds=elapsed, first_step_seconds=first_step_s,
             tokens_per_step=tokens_per_step, tokens_per_s=tokens_per_s, tokens_per_s_per_gpu=tokens_per_s_per_gpu,
             flops_per_token=flops_token, flop_formula=FLOP_FORMULA, peak_flops_per_gpu=peak,
