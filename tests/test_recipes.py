@@ -84,9 +84,49 @@ def assert_sharded_over_both_nodes(metrics: dict) -> None:
     assert total * 0.98 <= sum(shards) <= total * 1.05, (shards, total)
 
 
+def tracked_runs(runs_folder: Path, experiment: str, params: dict, metric: str) -> list:
+    """The MLflow runs of `experiment` in the project's store (RUNS_FOLDER/mlflow.db), oldest first, each with
+    `params` among its parameters and `metric` logged more than once (a curve, not just a final value)."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{runs_folder / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id],
+                              order_by=["attributes.start_time ASC"])
+    for run in runs:
+        assert params.items() <= run.data.params.items(), run.data.params
+        assert len(client.get_metric_history(run.info.run_id, metric)) > 1
+    return runs
+
+
+def logged_model_uri(runs_folder: Path, run) -> str:
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{runs_folder / 'mlflow.db'}")
+    [model] = client.search_logged_models([run.info.experiment_id],
+                                          filter_string=f"source_run_id = '{run.info.run_id}'")
+    return model.model_uri if hasattr(model, "model_uri") else f"models:/{model.model_id}"
+
+
+def assert_logged_text_generator(runs_folder: Path, run) -> None:
+    """The run's MLflow model loads back as a text-generation pipeline with a text-in, text-out signature."""
+    import mlflow
+
+    uri = logged_model_uri(runs_folder, run)
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(f"sqlite:///{runs_folder / 'mlflow.db'}")
+    try:
+        info = mlflow.models.get_model_info(uri)
+        generator = mlflow.transformers.load_model(uri)
+    finally:
+        mlflow.set_tracking_uri(previous)
+    assert [i.type for i in info.signature.inputs.inputs] and info.signature.outputs is not None
+    reply = generator("### Instruction:\nSay hi\n\n### Response:\n", max_new_tokens=4, do_sample=False)
+    assert isinstance(reply[0]["generated_text"], str)
+
+
 def load_recipe_module(recipe: str, name: str):
     path = RECIPES / recipe / f"{name}.py"
-    sys.path.insert(0, str(path.parent))  # train.py imports its neighbours (evaluate.py)
+    sys.path.insert(0, str(path.parent))  # train.py imports its neighbours (extraction.py)
     try:
         spec = importlib.util.spec_from_file_location(f"recipe_{recipe}_{name}", path)
         module = importlib.util.module_from_spec(spec)
@@ -123,25 +163,30 @@ def test_fsdp_llama_two_nodes_shards_trains_and_saves_full_model(tmp_path, stand
 # FSDP2 Qwen3: packing, distributed checkpoint and resume
 # --------------------------------------------------------------------------------------------------
 def fsdp2_args(model, output_dir, steps, *extra):
-    return ["--config", "config.yaml", "--model_name", model, "--dataset", DATA / "alpaca", "--output_dir", output_dir,
-            "--seq_len", 256, "--batch_size", 2, "--max_steps", steps, "--lr", 3e-3, "--warmup_steps", 2,
-            "--compile", "false", "--save_final_model", "false", "--log_every", 4, "--timing_warmup_steps", 2, *extra]
+    return ["--model_name_or_path", model, "--dataset_name", DATA / "alpaca", "--output_dir", output_dir,
+            "--max_length", 256, "--per_device_train_batch_size", 2, "--max_steps", steps, "--learning_rate", 3e-3,
+            "--warmup_steps", 2, "--torch_compile", "false", "--save_final_model", "false", "--logging_steps", 4,
+            "--timing_warmup_steps", 2, *extra]
 
 
 def test_fsdp2_qwen3_two_nodes_resumes_from_its_distributed_checkpoint(tmp_path, standin):
     model = standin("qwen3-0.6b")
-    first = run_two_nodes("fsdp2_qwen3_multinode", fsdp2_args(model, tmp_path / "out", 12, "--checkpoint_every", 6),
-                          tmp_path)
+    first = run_two_nodes("fsdp2_qwen3_multinode", fsdp2_args(model, tmp_path / "out", 12, "--save_steps", 6), tmp_path)
     assert_sharded_over_both_nodes(first)
     assert first["final_loss"] < 0.8 * first["initial_loss"], first["losses"]
     assert first["resumed_from_step"] is None and len(first["checkpoints"]) == 1  # step 6 (none at the last step)
 
     # The same command again: it finds the step-6 checkpoint and redoes steps 7..12 on the same data.
-    second = run_two_nodes("fsdp2_qwen3_multinode", fsdp2_args(model, tmp_path / "out", 12, "--checkpoint_every", 6),
-                           tmp_path)
+    second = run_two_nodes("fsdp2_qwen3_multinode", fsdp2_args(model, tmp_path / "out", 12, "--save_steps", 6,
+                                                               "--save_final_model", "true"), tmp_path)
     assert second["resumed_from_step"] == 6
     assert second["losses"][:6] == first["losses"][:6]
     assert second["losses"][6:] == pytest.approx(first["losses"][6:], abs=2e-3)
+
+    # Both runs in the project's MLflow store (beside output_dir), the second with its final model.
+    runs = tracked_runs(tmp_path, "fsdp2_qwen3_multinode", {"learning_rate": "0.003", "max_steps": "12"}, "loss")
+    assert [r.data.metrics["final_loss"] for r in runs] == pytest.approx([first["final_loss"], second["final_loss"]])
+    assert_logged_text_generator(tmp_path, runs[1])
 
 
 # The FSDP2 recipe's own save_checkpoint / resume, on one rank (gloo) and a small FSDP2 model, in processes that
@@ -292,7 +337,7 @@ def test_deepspeed_invoices_two_nodes_partitions_and_lowers_eval_loss(tmp_path, 
 
 
 def test_invoice_replies_are_scored_without_qwens_think_block():
-    evaluate = load_recipe_module("deepspeed_qwen3_8b_invoices", "evaluate")
+    evaluate = load_recipe_module("deepspeed_qwen3_8b_invoices", "extraction")
     reference = '{"vendor": "Acme", "total": "12.50", "currency": "EUR"}'
     thinking = "<think>\n\n</think>\n\n"
     assert evaluate.score_reply(thinking + reference, reference) == \
@@ -328,8 +373,8 @@ def test_torch_logprobs_match_autograd_of_log_softmax():
 def test_a_dead_node_makes_the_other_fail_with_a_clear_error(tmp_path, standin):
     port, job = free_port(), f"test-{uuid.uuid4().hex[:8]}"
     script = RECIPES / "fsdp2_qwen3_multinode" / "train.py"
-    args = fsdp2_args(standin("qwen3-0.6b"), tmp_path / "out", 100000, "--log_every", 1, "--checkpoint_every", 0,
-                      "--timeout_s", 20)
+    args = fsdp2_args(standin("qwen3-0.6b"), tmp_path / "out", 100000, "--logging_steps", 1, "--save_steps", 0,
+                      "--ddp_timeout", 20)
     logs = [tmp_path / "node0.log", tmp_path / "node1.log"]
     survivor = start_node(0, port, job, script, args, logs[0])
     time.sleep(1.0)

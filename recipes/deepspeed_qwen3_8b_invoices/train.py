@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gc
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -26,14 +27,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 from trl import SFTConfig, SFTTrainer
 
-from evaluate import evaluate_rows
 from nbhelpers.metrics import peak_memory_bytes, write_metrics
-from nbhelpers.recipes import (gather_rank_facts, init_distributed, load_rows, parse_config, shutdown,
-                               stop_clearly_if_a_peer_is_lost)
-from nbhelpers.extraction import summarize
 from nbhelpers.trl_cpu import skip_deepspeed_shm_build, use_torch_loss
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # recipes/: recipe_common.py, what the recipes share
+from extraction import evaluate_rows, summarize  # noqa: E402
+from recipe_common import (gather_rank_facts, init_distributed, load_rows, parse_args, shutdown,  # noqa: E402
+                           stop_clearly_if_a_peer_is_lost)
 
 
 def held_out_scores(model_path, rows, cfg, device, rank, world_size) -> dict:
@@ -52,7 +53,7 @@ def held_out_scores(model_path, rows, cfg, device, rank, world_size) -> dict:
 
 
 def main():
-    cfg = parse_config(__doc__.split("\n")[0])
+    cfg = vars(parse_args(HERE, __doc__.split("\n")[0]))
     device = init_distributed(cfg["timeout_s"])  # TRL/accelerate and DeepSpeed reuse this process group
     with stop_clearly_if_a_peer_is_lost(cfg["timeout_s"]):
         run(cfg, device, dist.get_rank(), dist.get_world_size(), Path(cfg["output_dir"]))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import math
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -30,9 +31,11 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from nbhelpers.metrics import peak_memory_bytes, write_metrics
-from nbhelpers.recipes import (FLOP_FORMULA, alpaca_prompt, flops_per_token, gather_rank_facts, init_distributed,
-                               load_rows, matmul_parameters, parse_config, peak_flops, shutdown,
-                               stop_clearly_if_a_peer_is_lost, tokenize_prompt_response)
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # recipes/: recipe_common.py, what the recipes share
+from recipe_common import (FLOP_FORMULA, alpaca_prompt, flops_per_token, gather_rank_facts, init_distributed,  # noqa: E402
+                           load_rows, matmul_parameters, parse_args, peak_flops, shutdown, stop_clearly_if_a_peer_is_lost,
+                           tokenize_prompt_response)
 
 
 def batches(samples, batch_size, pad_id, rank, world_size, seed):
@@ -62,7 +65,7 @@ def learning_rate(step: int, total: int, cfg: dict) -> float:
 
 
 def main():
-    cfg = parse_config(__doc__.split("\n")[0])
+    cfg = vars(parse_args(HERE, __doc__.split("\n")[0]))
     device = init_distributed(cfg["timeout_s"])
     torch.manual_seed(cfg["seed"])
     with stop_clearly_if_a_peer_is_lost(cfg["timeout_s"]):
