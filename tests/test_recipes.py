@@ -17,6 +17,8 @@ import psutil
 import pytest
 import torch
 
+from nbhelpers import checkpoints
+
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
 DATA = REPO / "data"
@@ -142,9 +144,9 @@ def load_recipe_module(recipe: str, name: str):
 def test_fsdp_llama_two_nodes_shards_trains_and_saves_full_model(tmp_path, standin):
     model = standin("llama-3.1-8b")
     metrics = run_two_nodes("fsdp_llama_3_1_8b_multinode", [
-        "--config", "config.yaml", "--model_name", model, "--dataset", DATA / "alpaca",
-        "--output_dir", tmp_path / "out", "--max_steps", 14, "--batch_size", 4, "--grad_accum", 2, "--lr", 3e-3,
-        "--warmup_steps", 2, "--log_every", 7,
+        "--model_name_or_path", model, "--dataset_name", DATA / "alpaca", "--output_dir", tmp_path / "out",
+        "--max_steps", 14, "--per_device_train_batch_size", 4, "--gradient_accumulation_steps", 2,
+        "--learning_rate", 3e-3, "--warmup_steps", 2, "--logging_steps", 7,
     ], tmp_path)
     assert_sharded_over_both_nodes(metrics)
     assert metrics["final_loss"] < 0.75 * metrics["initial_loss"], metrics["losses"]
@@ -157,6 +159,11 @@ def test_fsdp_llama_two_nodes_shards_trains_and_saves_full_model(tmp_path, stand
     original = AutoModelForCausalLM.from_pretrained(model)
     assert sum(p.numel() for p in saved.parameters()) == metrics["parameters"]
     assert not torch.equal(saved.model.layers[0].mlp.up_proj.weight, original.model.layers[0].mlp.up_proj.weight)
+    checkpoints.verify(metrics["saved_model"])  # rank 0 sealed what it wrote
+
+    [run] = tracked_runs(tmp_path, "fsdp_llama_3_1_8b_multinode", {"learning_rate": "0.003"}, "loss")
+    assert run.data.metrics["final_loss"] == pytest.approx(metrics["final_loss"])
+    assert_logged_text_generator(tmp_path, run)
 
 
 # --------------------------------------------------------------------------------------------------
