@@ -7,8 +7,9 @@ work from anywhere; the Ray recipes ship this file to every node with `runtime_e
 
     args = parse_args(Path(__file__).parent, "FSDP2 fine-tune")   # config.yaml's keys are the flags
     device = init_distributed(args.ddp_timeout)    # the process group torchrun's environment describes
-    with stop_clearly_if_a_peer_is_lost(args.ddp_timeout), mlflow_run(args, "fsdp2_qwen3") as tracking:
-        ...                                        # a dead node: a one-paragraph error and exit 1, no hang
+    with stop_clearly_if_a_peer_is_lost(args.ddp_timeout):   # a dead node: a clear error and exit 1, no hang
+        with mlflow_run("fsdp2", args.output_dir, args.mlflow_tracking_uri, vars(args)) as tracking:
+            ...                                    # rank 0: the mlflow module; other ranks: None
 """
 from __future__ import annotations
 
@@ -101,7 +102,8 @@ def parse_args(recipe_dir: str | Path, description: str, argv=None, hidden: dict
 # torchrun: process group, node facts, and a clear failure when another node goes away
 # --------------------------------------------------------------------------------------------------
 def init_distributed(ddp_timeout: float):
-    """Join the process group torchrun describes; return this rank's device.
+    """Join the process group torchrun describes (unless the framework already did, as TRL's parser does through
+    accelerate); return this rank's device.
 
     `ddp_timeout` (seconds) bounds every collective: if a node dies, the survivors fail after at most this long
     (gloo usually notices the closed connection at once; NCCL waits for the timeout).
@@ -112,8 +114,9 @@ def init_distributed(ddp_timeout: float):
     device = runtime.device()
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(runtime.backend(), timeout=datetime.timedelta(seconds=ddp_timeout),
-                            device_id=device if device.type == "cuda" else None)
+    if not dist.is_initialized():
+        dist.init_process_group(runtime.backend(), timeout=datetime.timedelta(seconds=ddp_timeout),
+                                device_id=device if device.type == "cuda" else None)
     return device
 
 
@@ -256,21 +259,21 @@ def peak_flops(device, override: float | None = None) -> float | None:
 # --------------------------------------------------------------------------------------------------
 # MLflow: one tracking store per project (the runs folder), rank 0 only
 # --------------------------------------------------------------------------------------------------
-def mlflow_tracking_uri(args) -> str:
-    """`--mlflow_tracking_uri`, or one SQLite store beside every run of the project: OUTPUT_DIR/../mlflow.db."""
-    return args.mlflow_tracking_uri or f"sqlite:///{Path(args.output_dir).resolve().parent / 'mlflow.db'}"
+def mlflow_tracking_uri(output_dir: str | Path, tracking_uri: str | None = None) -> str:
+    """`tracking_uri`, or one SQLite store beside every run of the project: OUTPUT_DIR/../mlflow.db."""
+    return tracking_uri or f"sqlite:///{Path(output_dir).resolve().parent / 'mlflow.db'}"
 
 
 @contextlib.contextmanager
-def mlflow_run(args, experiment: str):
-    """On rank 0, an MLflow run in `experiment` with every setting logged as a parameter; yields the `mlflow`
+def mlflow_run(experiment: str, output_dir: str | Path, tracking_uri: str | None, params: dict):
+    """On rank 0, an MLflow run named after OUTPUT_DIR in `experiment`, with `params` logged; yields the `mlflow`
     module there and None on the other ranks. A local store keeps its artifacts beside it (runs/mlartifacts)."""
     if runtime.get_rank() != 0:
         yield None
         return
     import mlflow
 
-    uri = mlflow_tracking_uri(args)
+    uri = mlflow_tracking_uri(output_dir, tracking_uri)
     mlflow.set_tracking_uri(uri)
     if mlflow.get_experiment_by_name(experiment) is None:
         local = uri.startswith("sqlite:///") and Path(uri[len("sqlite:///"):]).parent
@@ -278,8 +281,8 @@ def mlflow_run(args, experiment: str):
             local.mkdir(parents=True, exist_ok=True)
         mlflow.create_experiment(experiment, artifact_location=(local / "mlartifacts").as_uri() if local else None)
     mlflow.set_experiment(experiment)
-    with mlflow.start_run(run_name=Path(args.output_dir).name, log_system_metrics=True):
-        mlflow.log_params({key: value for key, value in vars(args).items() if key != "config"})
+    with mlflow.start_run(run_name=Path(output_dir).name, log_system_metrics=True):
+        mlflow.log_params({key: value for key, value in params.items() if key != "config"})
         yield mlflow
 
 

@@ -325,14 +325,22 @@ def test_packed_sample_has_the_same_loss_as_alone(standin):
 # --------------------------------------------------------------------------------------------------
 # DeepSpeed ZeRO-3 + TRL: invoices
 # --------------------------------------------------------------------------------------------------
-def test_deepspeed_invoices_two_nodes_partitions_and_lowers_eval_loss(tmp_path, standin):
-    metrics = run_two_nodes("deepspeed_qwen3_8b_invoices", [
-        "--config", "config.yaml", "--model_name", standin("qwen3-8b"), "--dataset", DATA / "invoices",
-        "--output_dir", tmp_path / "out", "--epochs", 2, "--train_samples", 96, "--eval_samples", 4,
-        "--batch_size", 8, "--grad_accum", 1, "--lr", 3e-3, "--logging_steps", 1, "--max_new_tokens", 48,
-        "--timeout_s", 120,
-    ], tmp_path, timeout=300)
-    assert_sharded_over_both_nodes(metrics)  # ZeRO-3: each rank's ds_tensor partitions hold half the model
+def test_deepspeed_invoices_driven_by_a_trl_config_file_on_two_nodes_partitions_and_lowers_eval_loss(tmp_path, standin):
+    """The user's own TRL config file (SFTConfig keys, their DeepSpeed JSON) is the whole command line."""
+    import yaml
+
+    recipe = RECIPES / "deepspeed_qwen3_8b_invoices"
+    (tmp_path / "zero3.json").write_text((recipe / "ds_zero3.json").read_text())
+    settings = {**yaml.safe_load((recipe / "config.yaml").read_text()),
+                "model_name_or_path": str(standin("qwen3-8b")), "dtype": "float32", "bf16": False,
+                "dataset_name": str(DATA / "invoices"), "output_dir": str(tmp_path / "out"),
+                "deepspeed": str(tmp_path / "zero3.json"), "num_train_epochs": 2, "max_train_samples": 96,
+                "max_predict_samples": 4, "per_device_train_batch_size": 8, "per_device_eval_batch_size": 8,
+                "gradient_accumulation_steps": 1, "learning_rate": 3e-3, "logging_steps": 1, "max_new_tokens": 48,
+                "ddp_timeout": 120}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(settings))
+    metrics = run_two_nodes("deepspeed_qwen3_8b_invoices", ["--config", tmp_path / "run.yaml"], tmp_path, timeout=300)
+    assert_sharded_over_both_nodes(metrics)  # ZeRO-3 from zero3.json: each rank's ds_tensor partitions hold half
     assert len(metrics["eval_losses"]) == 3  # before training, after epoch 1, after epoch 2
     assert metrics["best_eval_loss"] < 0.85 * metrics["initial_eval_loss"], metrics["eval_losses"]
     assert metrics["final_loss"] < metrics["initial_loss"]
@@ -341,6 +349,13 @@ def test_deepspeed_invoices_two_nodes_partitions_and_lowers_eval_loss(tmp_path, 
         assert metrics[when]["documents"] == 4
         assert 0 <= metrics[when]["json_valid"] <= 1 and 0 <= metrics[when]["field_exact_match"] <= 1
     assert (Path(metrics["saved_model"]) / "model.safetensors").exists()
+    for checkpoint in [*(tmp_path / "out").glob("checkpoint-*"), Path(metrics["saved_model"])]:
+        checkpoints.verify(checkpoint)  # sealed after the Trainer saved it
+
+    [run] = tracked_runs(tmp_path, "deepspeed_qwen3_8b_invoices", {"learning_rate": "0.003", "max_predict_samples": "4"},
+                         "loss")
+    assert run.data.metrics["after_json_valid"] == metrics["after"]["json_valid"]
+    assert_logged_text_generator(tmp_path, run)
 
 
 def test_invoice_replies_are_scored_without_qwens_think_block():

@@ -50,7 +50,8 @@ def main():
     args = parse_args(HERE, __doc__.split("\n")[0])
     device = init_distributed(args.ddp_timeout)
     torch.manual_seed(args.seed)
-    with stop_clearly_if_a_peer_is_lost(args.ddp_timeout), mlflow_run(args, RECIPE) as tracking:
+    with (stop_clearly_if_a_peer_is_lost(args.ddp_timeout),
+          mlflow_run(RECIPE, args.output_dir, args.mlflow_tracking_uri, vars(args)) as tracking):
         model = build_model(args, device)
         sizes = model_sizes(model, args.max_length)  # counted before sharding
         shard_model(model, args, device)
