@@ -57,6 +57,8 @@ def _flag_type(default):
 
 
 def _scalar(text: str):
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
     for cast in (int, float):
         try:
             return cast(text)

@@ -17,6 +17,8 @@ import psutil
 import pytest
 import torch
 
+from mlflow_runs import assert_logged_text_generator, tracked_runs
+
 from nbhelpers import checkpoints
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,46 +86,6 @@ def assert_sharded_over_both_nodes(metrics: dict) -> None:
     for shard in shards:  # each rank holds about half of the parameters (padding and rounding aside)
         assert 0.4 * total < shard < 0.6 * total, (shards, total)
     assert total * 0.98 <= sum(shards) <= total * 1.05, (shards, total)
-
-
-def tracked_runs(runs_folder: Path, experiment: str, params: dict, metric: str) -> list:
-    """The MLflow runs of `experiment` in the project's store (RUNS_FOLDER/mlflow.db), oldest first, each with
-    `params` among its parameters and `metric` logged more than once (a curve, not just a final value)."""
-    import mlflow
-
-    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{runs_folder / 'mlflow.db'}")
-    runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id],
-                              order_by=["attributes.start_time ASC"])
-    for run in runs:
-        assert params.items() <= run.data.params.items(), run.data.params
-        assert len(client.get_metric_history(run.info.run_id, metric)) > 1
-    return runs
-
-
-def logged_model_uri(runs_folder: Path, run) -> str:
-    import mlflow
-
-    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{runs_folder / 'mlflow.db'}")
-    [model] = client.search_logged_models([run.info.experiment_id],
-                                          filter_string=f"source_run_id = '{run.info.run_id}'")
-    return model.model_uri if hasattr(model, "model_uri") else f"models:/{model.model_id}"
-
-
-def assert_logged_text_generator(runs_folder: Path, run) -> None:
-    """The run's MLflow model loads back as a text-generation pipeline with a text-in, text-out signature."""
-    import mlflow
-
-    uri = logged_model_uri(runs_folder, run)
-    previous = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(f"sqlite:///{runs_folder / 'mlflow.db'}")
-    try:
-        info = mlflow.models.get_model_info(uri)
-        generator = mlflow.transformers.load_model(uri)
-    finally:
-        mlflow.set_tracking_uri(previous)
-    assert [i.type for i in info.signature.inputs.inputs] and info.signature.outputs is not None
-    reply = generator("### Instruction:\nSay hi\n\n### Response:\n", max_new_tokens=4, do_sample=False)
-    assert isinstance(reply[0]["generated_text"], str)
 
 
 def load_recipe_module(recipe: str, name: str):
