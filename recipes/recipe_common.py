@@ -281,7 +281,10 @@ def mlflow_run(experiment: str, output_dir: str | Path, tracking_uri: str | None
         local = uri.startswith("sqlite:///") and Path(uri[len("sqlite:///"):]).parent
         if local:
             local.mkdir(parents=True, exist_ok=True)
-        mlflow.create_experiment(experiment, artifact_location=(local / "mlartifacts").as_uri() if local else None)
+        try:
+            mlflow.create_experiment(experiment, artifact_location=(local / "mlartifacts").as_uri() if local else None)
+        except mlflow.exceptions.MlflowException:  # another run of the project created it first
+            pass
     mlflow.set_experiment(experiment)
     with mlflow.start_run(run_name=Path(output_dir).name, log_system_metrics=True):
         mlflow.log_params({key: value for key, value in params.items() if key != "config"})
