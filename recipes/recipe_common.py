@@ -6,10 +6,8 @@ Each train.py puts this folder (recipes/) on sys.path, so `torchrun ... train.py
 work from anywhere; the Ray recipes ship this file to every node with `runtime_env={"py_modules": ...}`.
 
     args = parse_args(Path(__file__).parent, "FSDP2 fine-tune")   # config.yaml's keys are the flags
-    device = init_distributed(args.ddp_timeout)    # the process group torchrun's environment describes
-    with stop_clearly_if_a_peer_is_lost(args.ddp_timeout):   # a dead node: a clear error and exit 1, no hang
-        with mlflow_run("fsdp2", args.output_dir, args.mlflow_tracking_uri, vars(args)) as tracking:
-            ...                                    # rank 0: the mlflow module; other ranks: None
+    with torchrun_job("fsdp2", args) as (device, tracking):   # process group, seed, MLflow run on rank 0
+        ...                                        # a dead node: a clear error and exit 1, no hang
 """
 from __future__ import annotations
 
@@ -120,6 +118,21 @@ def init_distributed(ddp_timeout: float):
         dist.init_process_group(runtime.backend(), timeout=datetime.timedelta(seconds=ddp_timeout),
                                 device_id=device if device.type == "cuda" else None)
     return device
+
+
+@contextlib.contextmanager
+def torchrun_job(recipe: str, args):
+    """Everything a torchrun recipe does around its training, in order: join the process group, seed, stop clearly
+    if a node is lost, track the run in MLflow (rank 0); yields (this rank's device, mlflow or None); leaves the
+    process group at the end."""
+    import torch
+
+    device = init_distributed(args.ddp_timeout)
+    torch.manual_seed(args.seed)
+    with (stop_clearly_if_a_peer_is_lost(args.ddp_timeout),
+          mlflow_run(recipe, args.output_dir, args.mlflow_tracking_uri, vars(args)) as tracking):
+        yield device, tracking
+    shutdown()
 
 
 def shutdown() -> None:
@@ -237,6 +250,12 @@ def matmul_parameters(model) -> int:
     output = model.get_output_embeddings()
     tied = output is not None and output.weight is embedding
     return total if tied else total - embedding.numel()
+
+
+def model_sizes(model, seq_len: int) -> dict:
+    """Parameters, matmul parameters and FLOPs per token at `seq_len` (count them before sharding)."""
+    return {"parameters": sum(p.numel() for p in model.parameters()), "matmul_parameters": matmul_parameters(model),
+            "flops_per_token": flops_per_token(model, seq_len)}
 
 
 def flops_per_token(model, seq_len: int) -> float:

@@ -38,9 +38,8 @@ from nbhelpers.metrics import peak_memory_bytes, write_metrics
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # recipes/: recipe_common.py, what the recipes share
-from recipe_common import (FLOP_FORMULA, alpaca_prompt, flops_per_token, gather_rank_facts,  # noqa: E402
-                           init_distributed, load_rows, log_causal_lm, matmul_parameters, mlflow_run, parse_args,
-                           peak_flops, shutdown, stop_clearly_if_a_peer_is_lost, tokenize_prompt_response)
+from recipe_common import (FLOP_FORMULA, alpaca_prompt, gather_rank_facts, load_rows, log_causal_lm,  # noqa: E402
+                           model_sizes, parse_args, peak_flops, tokenize_prompt_response, torchrun_job)
 
 RECIPE = "fsdp2_qwen3_multinode"
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
@@ -48,10 +47,7 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch
 
 def main():
     args = parse_args(HERE, __doc__.split("\n")[0])
-    device = init_distributed(args.ddp_timeout)
-    torch.manual_seed(args.seed)
-    with (stop_clearly_if_a_peer_is_lost(args.ddp_timeout),
-          mlflow_run(RECIPE, args.output_dir, args.mlflow_tracking_uri, vars(args)) as tracking):
+    with torchrun_job(RECIPE, args) as (device, tracking):  # process group, seed, lost-node guard, MLflow on rank 0
         model = build_model(args, device)
         sizes = model_sizes(model, args.max_length)  # counted before sharding
         shard_model(model, args, device)
@@ -64,7 +60,6 @@ def main():
         if args.save_final_model:
             save_final_model(model, args, tracking)
         report(args, model, sizes, resumed, run, device, tracking)
-    shutdown()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -85,11 +80,6 @@ def build_model(args, device):
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
-
-
-def model_sizes(model, seq_len: int) -> dict:
-    return {"parameters": sum(p.numel() for p in model.parameters()), "matmul_parameters": matmul_parameters(model),
-            "flops_per_token": flops_per_token(model, seq_len)}
 
 
 def shard_model(model, args, device) -> None:

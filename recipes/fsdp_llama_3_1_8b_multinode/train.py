@@ -36,29 +36,23 @@ from nbhelpers.metrics import peak_memory_bytes, write_metrics
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # recipes/: recipe_common.py, what the recipes share
-from recipe_common import (FLOP_FORMULA, alpaca_prompt, flops_per_token, gather_rank_facts,  # noqa: E402
-                           init_distributed, load_rows, log_causal_lm, matmul_parameters, mlflow_run, parse_args,
-                           peak_flops, shutdown, stop_clearly_if_a_peer_is_lost, tokenize_prompt_response)
+from recipe_common import (FLOP_FORMULA, alpaca_prompt, gather_rank_facts, load_rows, log_causal_lm,  # noqa: E402
+                           model_sizes, parse_args, peak_flops, tokenize_prompt_response, torchrun_job)
 
 RECIPE = "fsdp_llama_3_1_8b_multinode"
 
 
 def main():
     args = parse_args(HERE, __doc__.split("\n")[0])
-    device = init_distributed(args.ddp_timeout)
-    torch.manual_seed(args.seed)
-    with (stop_clearly_if_a_peer_is_lost(args.ddp_timeout),
-          mlflow_run(RECIPE, args.output_dir, args.mlflow_tracking_uri, vars(args)) as tracking):
+    with torchrun_job(RECIPE, args) as (device, tracking):  # process group, seed, lost-node guard, MLflow on rank 0
         model = build_model(args, device)
-        sizes = {"parameters": sum(p.numel() for p in model.parameters()), "matmul_parameters": matmul_parameters(model),
-                 "flops_per_token": flops_per_token(model, args.max_length)}  # at full length, before sharding
+        sizes = model_sizes(model, args.max_length)  # at full length (batches are padded shorter), before sharding
         model = shard_model(model, args, device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
         tokenizer, samples = load_data(args)
         run = train(model, optimizer, tokenizer, samples, args, device, tracking)
         save_final_model(model, tokenizer, args, tracking)
         report(args, model, sizes, run, device, tracking)
-    shutdown()
 
 
 # --------------------------------------------------------------------------------------------------
