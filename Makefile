@@ -59,6 +59,14 @@ quickstart: setup
 	@echo "Metrics:            $(abspath $(RUNS))/getting_started/metrics.json $(abspath $(RUNS))/ddp_mlp/metrics.json"
 	@echo "Loss plot:          $(abspath $(RUNS))/ddp_mlp/loss.png   MLflow store: $(abspath $(RUNS))/ddp_mlp/mlflow.db"
 
+# The tests run hermetically: a fresh, empty TMPDIR and HOME (caches, Ray's and Jupyter's runtime files),
+# removed afterwards, so what an earlier run left on the machine (e.g. /tmp/ray) can neither make them pass
+# nor fail. The installs above keep the real HOME (pip's configuration, e.g. a local index, lives there).
+# PYTEST_ARGS picks tests, e.g. make test PYTEST_ARGS="tests/test_distributed.py -x".
+PYTEST_ARGS ?=
 test: setup setup-axolotl
+	@scratch=$$(mktemp -d "$${TMPDIR:-/tmp}/cookbook-test.XXXXXX") && trap 'rm -rf "$$scratch"' EXIT && \
+	mkdir "$$scratch/tmp" "$$scratch/home" && echo "make test: TMPDIR and HOME are fresh folders in $$scratch" && \
+	TMPDIR="$$scratch/tmp" HOME="$$scratch/home" \
 	HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 AXOLOTL_DO_NOT_TRACK=1 RAY_USAGE_STATS_ENABLED=0 \
-		$(VENV)/bin/python -m pytest
+		$(abspath $(VENV))/bin/python -m pytest $(PYTEST_ARGS)

@@ -47,8 +47,9 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from datasets import Dataset  # noqa: E402
-from transformers import TrainerCallback  # noqa: E402
 from trl import SFTConfig, SFTTrainer  # noqa: E402
+
+from nbhelpers.hf import StepTimer, logged  # noqa: E402
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -76,21 +77,6 @@ def long_conversations(path, tokenizer, seq_len, count, seed=0):
 
 ON_GPU = torch.cuda.is_available()
 DTYPE = torch.bfloat16 if ON_GPU else torch.float32
-
-
-class StepTimer(TrainerCallback):
-    def __init__(self):
-        self.times, self.tokens, self.losses = [], [], []
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if ON_GPU:
-            torch.cuda.synchronize()
-        self.times.append(time.perf_counter())
-        self.tokens.append(state.num_input_tokens_seen)
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if logs and "loss" in logs:
-            self.losses.append(logs["loss"])
 
 
 def load(engine, model_path, seq_len, lora_r, device):
@@ -152,8 +138,8 @@ def main():
     trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
                          peft_config=peft_config, callbacks=[timer])
     trainer.train()
-    first = min(args.warmup, len(timer.times) - 2)
-    tokens_per_s = (timer.tokens[-1] - timer.tokens[first]) / (timer.times[-1] - timer.times[first])
+    first, timed_steps = timer.first_timed(args.warmup), timer.timed_steps(args.warmup)
+    tokens_per_s = timer.tokens_per_second(args.warmup)
     if ON_GPU:
         memory = torch.tensor([torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()], device="cuda")
     else:  # peak RSS of this process (Linux reports KiB)
@@ -176,13 +162,13 @@ def main():
         result = {
             "engine": args.engine, "world_size": world_size, "model": args.model,
             "seq_len": args.seq_len, "batch_size_per_gpu": args.batch_size, "grad_accum": args.grad_accum,
-            "lora_r": args.lora_r, "steps": args.steps, "timed_steps": len(timer.times) - 1 - first,
+            "lora_r": args.lora_r, "steps": args.steps, "timed_steps": timed_steps,
             "tokens_per_s": tokens_per_s, "tokens_per_s_per_gpu": tokens_per_s / world_size,
-            "tokens_per_step": (timer.tokens[-1] - timer.tokens[first]) / (len(timer.times) - 1 - first),
+            "tokens_per_step": (timer.tokens[-1] - timer.tokens[first]) / timed_steps,
             "step_seconds": [b - a for a, b in zip(timer.times, timer.times[1:])],
             "peak_memory_allocated_bytes": [int(g[0]) for g in gathered],
             "peak_memory_reserved_bytes": [int(g[1]) for g in gathered],
-            "losses": timer.losses, "load_seconds": loaded,
+            "losses": logged(trainer), "load_seconds": loaded,
             "trainable_parameters": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
             "device": torch.cuda.get_device_name() if ON_GPU else "cpu", "versions": versions,
         }

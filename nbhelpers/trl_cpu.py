@@ -1,12 +1,11 @@
 """Hugging Face trainers (TRL, accelerate, DeepSpeed) on a machine without GPUs: CI and laptops.
 
 The notebooks run the same TRL code on GPUs and, for their tests, as 2 CPU processes. Four things in
-the current stack assume a GPU; `patch_for_cpu()` fixes each of them when no GPU is visible, and does
-nothing when one is. Call it first thing inside the training function (every rank is its own process
-and patches its own copy of the libraries):
-
-    from nbhelpers.trl_cpu import patch_for_cpu
-    patch_for_cpu()   # a no-op on GPUs
+the current stack assume a GPU; the fixes below correct each of them when no GPU is visible, and do
+nothing when one is. They apply themselves: importing nbhelpers registers `apply_without_gpus` to run
+as soon as the module a fix patches is imported (nbhelpers/after_import.py), in the notebook's process,
+the launcher's fork server and every rank. Nothing needs calling; `patch_for_cpu()` (the explicit
+call older notebooks and recipes make) applies all four at once and is harmless after the automatic ones.
 
 1. accelerate (under the Trainer) treats processes started like torchrun as one distributed job only
    on GPU-like devices; on CPUs, unless `use_cpu=True` is passed, each process silently trains alone,
@@ -118,17 +117,15 @@ def join_cpu_processes() -> None:
 
 def use_torch_loss() -> None:
     """TRL's fused LM head computes its per-token log-probabilities with `TorchChunkedLogProbFunction`."""
-    import trl.trainer.utils
-
-    trl.trainer.utils._ChunkedLogProbFunction = TorchChunkedLogProbFunction
+    # the module itself: right after it is imported (nbhelpers.after_import) it is not yet an attribute of trl.trainer
+    importlib.import_module("trl.trainer.utils")._ChunkedLogProbFunction = TorchChunkedLogProbFunction
 
 
 def keep_fsdp_on_cpu() -> None:
     """accelerate keeps an FSDP plugin for CPU processes (instead of silently falling back to DDP)."""
-    import accelerate.state
+    from accelerate.state import AcceleratorState as state_class
     from accelerate.utils import DistributedType
 
-    state_class = accelerate.state.AcceleratorState
     if getattr(state_class.__init__, "_keeps_fsdp_on_cpu", False):
         return
     original = state_class.__init__
@@ -151,6 +148,21 @@ def skip_deepspeed_shm_build() -> None:
     except ImportError:  # no DeepSpeed installed: nothing to skip
         return
     comm.build_shm_op = lambda: None
+
+
+# The module each fix patches; nbhelpers/__init__.py watches these names.
+FIXES = {
+    "accelerate.state": (join_cpu_processes, keep_fsdp_on_cpu),
+    "trl.trainer.utils": (use_torch_loss,),
+    "deepspeed.comm.torch": (skip_deepspeed_shm_build,),
+}
+
+
+def apply_without_gpus(module) -> None:
+    """Without a GPU, the fixes for `module`, which has just been imported (see FIXES)."""
+    if not torch.cuda.is_available():
+        for fix in FIXES[module.__name__]:
+            fix()
 
 
 def patch_for_cpu() -> list[str]:

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib.util
 import json
 import operator
+import os
 import re
 import shutil
+from unittest import mock
 import tempfile
 from pathlib import Path
 
@@ -14,6 +17,7 @@ import nbformat
 import papermill
 
 REPO = Path(__file__).resolve().parents[1]
+HOOKS = REPO / "tests" / "hooks"  # sitecustomize.py + cookbook_hooks.py: see cookbook_hooks.py
 OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne}
 
 
@@ -79,17 +83,50 @@ def run_notebook(case, workdir: Path, standin=None):
     parameters = {k: fill(v, output_dir, standin) for k, v in case.parameters.items()}
     executed = workdir / Path(case.notebook).name
     require_kernel(case.kernel)
-    papermill.execute_notebook(
-        str(notebook),
-        str(executed),
-        parameters=parameters,
-        cwd=str(notebook.parent),
-        execution_timeout=case.timeout,
-        kernel_name=case.kernel,
-        progress_bar=False,
-    )
+    with hooks_in_kernel(case.hooks, workdir / "hooks"):
+        papermill.execute_notebook(
+            str(notebook),
+            str(executed),
+            parameters=parameters,
+            cwd=str(notebook.parent),
+            execution_timeout=case.timeout,
+            kernel_name=case.kernel,
+            progress_bar=False,
+        )
     metrics = json.loads((output_dir / "metrics.json").read_text())
+    if case.hooks:  # for expectations such as "hooks.record_checkpoint_writers.ranks"
+        metrics["hooks"] = {}
+        for name in _hook_module().parse(",".join(case.hooks)):
+            records = hook_records(workdir, name)
+            ranks = sorted({r["rank"] for r in records if r["rank"] is not None})
+            metrics["hooks"][name] = {"count": len(records), "ranks": ranks, "records": records}
     return metrics, nbformat.read(executed, as_version=4)
+
+
+def _hook_module():
+    spec = importlib.util.spec_from_file_location("cookbook_hooks", HOOKS / "cookbook_hooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@contextlib.contextmanager
+def hooks_in_kernel(hooks: tuple, folder: Path):
+    """Start the kernel (and so all it starts) with the test hooks `hooks` installed, recording into `folder`."""
+    if not hooks:
+        yield
+        return
+    _hook_module().parse(",".join(hooks))  # an unknown name fails here, not as a warning in the kernel's log
+    added = {"PYTHONPATH": os.pathsep.join(filter(None, [str(HOOKS), os.environ.get("PYTHONPATH")])),
+             "COOKBOOK_TEST_HOOKS": ",".join(hooks), "COOKBOOK_TEST_HOOKS_DIR": str(folder)}
+    with mock.patch.dict(os.environ, added):  # the kernel inherits this process's environment when papermill starts it
+        yield
+
+
+def hook_records(workdir: Path, hook: str) -> list[dict]:
+    """What test hook `hook` recorded during run_notebook(case, workdir): one dict per event."""
+    path = workdir / "hooks" / f"{hook}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def require_kernel(name: str) -> None:

@@ -7,8 +7,12 @@ The runner (`harness.py`) executes each notebook with papermill and these parame
   {standin:NAME}    a tiny offline stand-in model folder (nbhelpers.standins), built once per session;
                     NAME+mxfp4: GPT-OSS experts stored in MXFP4, as in the hub checkpoints
   {dataset:NAME}    the folder data/make_NAME.py's make(out) writes (defaults), made once per session
-Expectations: metric -> (op, bound), where bound is a number/bool/str, or (other_metric, factor)
+Expectations: metric -> (op, bound), where bound is a number/bool/str/None, or (other_metric, factor)
 meaning factor * metrics[other_metric]. Dotted metric names reach into nested dicts.
+Test hooks (tests/hooks/cookbook_hooks.py): `hooks=("name=value", ...)` installs them in the kernel, the
+fork server and every rank; what they record is readable as `hooks.<name>.count`, `hooks.<name>.ranks`
+(the ranks that recorded something) and `hooks.<name>.records` in expectations, or with
+harness.hook_records(workdir, name) after a run that failed on purpose.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ class NotebookCase:
     gpu_only: str | None = None  # why it cannot run on CPU; it is then skipped there with this reason
     output_contains: tuple = ()  # text the executed notebook's outputs must show (e.g. rank prefixes)
     kernel: str = "python3"  # the Jupyter kernel, i.e. the environment it runs in (Axolotl has its own)
+    hooks: tuple = ()  # test hooks to install, e.g. ("kill_rank_after_optimizer_step=3",)
 
 
 CASES = [
@@ -34,9 +39,16 @@ CASES = [
         timeout=120,
         output_contains=("[rank 0] hello from rank 0 of 2", "[rank 1] hello from rank 1 of 2"),
     ),
+    NotebookCase(  # one rank (one GPU, or one CPU process): the failing-rank demo fails on rank 0 and says so
+        "notebooks/00_getting_started.ipynb",
+        parameters={"output_dir": "{output_dir}", "num_gpus": 1},
+        expect={"world_size": ("==", 1), "ranks_returned": ("==", [0]), "error_named_rank": ("==", 0)},
+        timeout=120,
+        output_contains=("[rank 0] hello from rank 0 of 1", "one rank: the failing rank is rank 0 itself"),
+    ),
     NotebookCase(
         "notebooks/pytorch/ddp_mlp.ipynb",
-        parameters={"output_dir": "{output_dir}", "epochs": 10, "num_samples": 8192,
+        parameters={"output_dir": "{output_dir}", "num_train_epochs": 10, "num_samples": 8192,
                     "learning_rate": 0.003, "num_gpus": None},
         expect={
             "world_size": ("==", 2),
@@ -45,7 +57,20 @@ CASES = [
             "params_identical_across_ranks": ("==", True),
         },
         timeout=180,
-        output_contains=("[rank 0]",),
+        output_contains=("[rank 0]", "parameters identical on all 2 ranks: True"),
+    ),
+    NotebookCase(  # one rank (as many steps as 2 ranks on twice the data): no claim about ranks agreeing (null)
+        "notebooks/pytorch/ddp_mlp.ipynb",
+        parameters={"output_dir": "{output_dir}", "num_train_epochs": 10, "num_samples": 4096,
+                    "learning_rate": 0.003, "num_gpus": 1},
+        expect={
+            "world_size": ("==", 1),
+            "final_loss": ("<", 0.1),
+            "final_loss_vs_initial": ("<", 0.3),
+            "params_identical_across_ranks": ("==", None),
+        },
+        timeout=180,
+        output_contains=("[rank 0]", "one rank: nothing to compare"),
     ),
     NotebookCase(
         "notebooks/lightning/ddp_two_tower.ipynb",

@@ -1,4 +1,7 @@
-"""nbval (lax) opens the getting-started notebook and runs it cell by cell, as a user would."""
+"""nbval (lax) opens the getting-started notebook and runs it cell by cell, as a user would.
+
+nbval runs cells with store_history=False, so this also checks that read_parameters() finds the parameters
+cell without IPython's input history."""
 import shutil
 import subprocess
 import sys

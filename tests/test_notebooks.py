@@ -24,7 +24,12 @@ def _has_gpu() -> bool:
 
 
 @pytest.mark.notebook
-@pytest.mark.parametrize("case", CASES, ids=[c.notebook.removeprefix("notebooks/") for c in CASES])
+def _case_id(case) -> str:
+    name = case.notebook.removeprefix("notebooks/")
+    return name if case.parameters.get("num_gpus") is None else f"{name}-num_gpus={case.parameters['num_gpus']}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_case_id(c) for c in CASES])
 def test_notebook_meets_its_expectations(case, tmp_path, standin):
     if case.gpu_only and not _has_gpu():
         pytest.skip(f"needs a GPU: {case.gpu_only} (GPU evidence: benchmarks/results/)")

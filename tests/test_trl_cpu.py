@@ -62,3 +62,51 @@ def test_patch_for_cpu_changes_nothing_when_a_gpu_is_visible(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert patch_for_cpu() == []
     assert trl.trainer.utils._ChunkedLogProbFunction is kernel
+
+
+# A fresh process that imports nbhelpers, then TRL and DeepSpeed, and calls nothing; prints what it got as JSON.
+# FAKE_GPU=1: nbhelpers.trl_cpu sees a GPU (only it: the libraries would try to use it).
+SELF_APPLYING_SCRIPT = textwrap.dedent("""
+    import importlib, json, os, types
+    import nbhelpers
+    if os.environ.get("FAKE_GPU"):
+        import nbhelpers.trl_cpu
+        nbhelpers.trl_cpu.torch = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: True))
+    import trl
+    from trl import SFTTrainer
+    from accelerate.state import AcceleratorState, PartialState
+    from nbhelpers.trl_cpu import TorchChunkedLogProbFunction, patch_for_cpu
+    shm = importlib.import_module("deepspeed.comm.torch").build_shm_op
+    utils = importlib.import_module("trl.trainer.utils")
+    facts = lambda: {
+        "torch_loss": utils._ChunkedLogProbFunction is TorchChunkedLogProbFunction,
+        "gloo_aware_accelerate": getattr(PartialState._prepare_backend, "_joins_cpu_processes", False),
+        "fsdp_kept": getattr(AcceleratorState.__init__, "_keeps_fsdp_on_cpu", False),
+        "deepspeed_shm_skipped": shm.__name__ == "<lambda>",
+    }
+    before = facts()
+    patch_for_cpu()  # what the TRL notebooks still call explicitly
+    original = getattr(PartialState._prepare_backend, "__wrapped__", None)
+    wrapped_once = not hasattr(original, "_joins_cpu_processes")
+    print(json.dumps({"automatic": before, "after_explicit_call": facts(), "wrapped_once": wrapped_once}))
+""")
+
+
+def _self_applying(**environ) -> dict:
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", **environ}
+    run = subprocess.run([sys.executable, "-c", SELF_APPLYING_SCRIPT], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_cpu_process_gets_the_fixes_by_importing_nbhelpers_then_trl():
+    got = _self_applying()
+    assert got["automatic"] == {"torch_loss": True, "gloo_aware_accelerate": True, "fsdp_kept": True,
+                                "deepspeed_shm_skipped": True}
+    assert got["after_explicit_call"] == got["automatic"] and got["wrapped_once"], "patch_for_cpu() stays harmless"
+
+
+def test_process_with_a_gpu_gets_no_cpu_fixes_on_import():
+    got = _self_applying(FAKE_GPU="1")
+    assert not any(got["automatic"].values()), got

@@ -1,0 +1,137 @@
+"""Crash injection and recording for notebook tests, installed in every process of a notebook run.
+
+tests/harness.py puts this folder first on the PYTHONPATH of a case's kernel when the case names hooks
+(`NotebookCase(hooks=("kill_rank_after_optimizer_step=3",))`); its sitecustomize.py then installs the
+hooks named in the environment, in the kernel, the launcher's fork server, every rank and everything they
+start. The notebooks themselves contain nothing of this.
+
+    COOKBOOK_TEST_HOOKS       comma-separated `name` or `name=value` (the names of HOOKS below)
+    COOKBOOK_TEST_HOOKS_DIR   where hooks record what they did: one JSON object per line in <name>.jsonl
+
+"The last rank" is the rank WORLD_SIZE - 1 of a launch (rank 0 when there is one); the notebook's own
+process is never killed, even while it runs a plain call as rank 0 of 1.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+
+from nbhelpers.after_import import when_imported
+
+
+def record(hook: str, **fields) -> None:
+    """Append one line to COOKBOOK_TEST_HOOKS_DIR/<hook>.jsonl (one write: lines of processes never mix)."""
+    folder = os.environ["COOKBOOK_TEST_HOOKS_DIR"]
+    os.makedirs(folder, exist_ok=True)
+    line = json.dumps({"pid": os.getpid(), "rank": _rank(), **fields}) + "\n"
+    fd = os.open(os.path.join(folder, f"{hook}.jsonl"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def _rank() -> int | None:
+    return int(os.environ["RANK"]) if "RANK" in os.environ else None
+
+
+def _is_last_rank() -> bool:
+    if "ipykernel" in sys.modules or _rank() is None:  # the notebook's process, or no launch
+        return False
+    return _rank() == int(os.environ.get("WORLD_SIZE", "1")) - 1
+
+
+def _die(hook: str, **fields) -> None:
+    record(hook, **fields)
+    os.kill(os.getpid(), signal.SIGKILL)  # no clean-up runs, as in a real crash
+
+
+def kill_rank_after_optimizer_step(value: str) -> None:
+    """The last rank is SIGKILLed right after its optimizer.step() number `value` (counted in that process)."""
+    after = int(value)
+    steps = 0
+
+    def count(optimizer, args, kwargs):
+        nonlocal steps
+        steps += 1
+        if steps == after and _is_last_rank():
+            _die("kill_rank_after_optimizer_step", step=steps)
+
+    when_imported("torch.optim.optimizer", lambda module: module.register_optimizer_step_post_hook(count))
+
+
+def kill_rank_while_writing_checkpoint(value: str) -> None:
+    """The last rank is SIGKILLed in its distributed-checkpoint save number `value`, before it writes its files."""
+    at = int(value)
+    saves = 0
+
+    def patch(module):
+        writer = getattr(module, "_FileSystemWriter", module.FileSystemWriter)  # the base of DCP's file writers
+        write_data = writer.write_data
+
+        def write_data_or_die(self, *args, **kwargs):
+            nonlocal saves
+            saves += 1
+            if saves == at and _is_last_rank():
+                _die("kill_rank_while_writing_checkpoint", save=saves, path=str(self.path))
+            return write_data(self, *args, **kwargs)
+
+        writer.write_data = write_data_or_die
+
+    when_imported("torch.distributed.checkpoint.filesystem", patch)
+
+
+def record_checkpoint_writers(value: str) -> None:
+    """Each file Lightning's TorchCheckpointIO saves is recorded with the rank that saved it."""
+    def patch(module):
+        save_checkpoint = module.TorchCheckpointIO.save_checkpoint
+
+        def save_and_record(self, checkpoint, path, *args, **kwargs):
+            save_checkpoint(self, checkpoint, path, *args, **kwargs)
+            record("record_checkpoint_writers", path=os.path.abspath(path))
+
+        module.TorchCheckpointIO.save_checkpoint = save_and_record
+
+    when_imported("lightning.fabric.plugins.io.torch_io", patch)
+
+
+def count_started_processes(value: str) -> None:
+    """Each process started through subprocess or multiprocessing is recorded with the starter's rank."""
+    import multiprocessing.process
+    import subprocess
+
+    popen_init, process_start = subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start
+
+    def popen_and_record(self, args, *rest, **kwargs):
+        popen_init(self, args, *rest, **kwargs)
+        record("count_started_processes", kind="subprocess", child=self.pid,
+               what=[str(a) for a in (args if isinstance(args, (list, tuple)) else [args])][:3])
+
+    def start_and_record(self):
+        process_start(self)
+        record("count_started_processes", kind="multiprocessing", child=self.pid, what=[self.name])
+
+    subprocess.Popen.__init__ = popen_and_record
+    multiprocessing.process.BaseProcess.start = start_and_record
+
+
+HOOKS = {hook.__name__: hook for hook in (kill_rank_after_optimizer_step, kill_rank_while_writing_checkpoint,
+                                          record_checkpoint_writers, count_started_processes)}
+
+
+def parse(spec: str) -> dict:
+    """"a=1,b" -> {"a": "1", "b": ""}; an unknown name is an error listing the known ones."""
+    hooks = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, _, value = item.partition("=")
+        if name not in HOOKS:
+            raise ValueError(f"unknown test hook {name!r} in COOKBOOK_TEST_HOOKS; known: {', '.join(HOOKS)}")
+        hooks[name] = value
+    return hooks
+
+
+def install(spec: str) -> None:
+    for name, value in parse(spec).items():
+        HOOKS[name](value)

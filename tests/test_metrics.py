@@ -1,0 +1,54 @@
+"""nbhelpers.metrics.write_metrics: one call turns the ranks' results into metrics.json."""
+import json
+
+import torch
+
+from nbhelpers.metrics import write_metrics
+
+RESULTS = [  # what train.distributed(args) returns on 2 ranks
+    {"losses": [2.0, 1.0], "samples_per_s": 90.0, "peak_memory_bytes": 100, "params": torch.ones(8),
+     "steps": torch.tensor(5)},
+    {"losses": [2.0, 1.0], "samples_per_s": 110.0, "peak_memory_bytes": 120, "params": torch.ones(8),
+     "steps": torch.tensor(5)},
+]
+
+
+def written(tmp_path, *args, **metrics) -> dict:
+    return json.loads(write_metrics(tmp_path, *args, **metrics).read_text())
+
+
+def test_ranks_results_become_the_world_size_and_one_list_per_key(tmp_path):
+    metrics = written(tmp_path, RESULTS)
+    assert metrics["world_size"] == 2
+    assert metrics["peak_memory_bytes"] == [100, 120] and metrics["samples_per_s"] == [90.0, 110.0]
+    assert metrics["steps"] == [5, 5], "a one-number tensor is written as its number"
+    assert "environment" in metrics and metrics["environment"]["versions"]["torch"]
+
+
+def test_a_metric_given_by_name_replaces_the_ranks_list(tmp_path):
+    metrics = written(tmp_path, RESULTS, samples_per_s=RESULTS[0]["samples_per_s"], losses=RESULTS[0]["losses"])
+    assert metrics["samples_per_s"] == 90.0 and metrics["losses"] == [2.0, 1.0]
+
+
+def test_losses_give_the_initial_and_final_loss_and_their_ratio(tmp_path):
+    metrics = written(tmp_path, losses=[2.0, 1.5, 0.5])
+    assert (metrics["initial_loss"], metrics["final_loss"], metrics["final_loss_vs_initial"]) == (2.0, 0.5, 0.25)
+
+
+def test_a_value_json_cannot_hold_is_left_out_and_named(tmp_path, capsys):
+    metrics = written(tmp_path, RESULTS)
+    assert "params" not in metrics
+    assert "leaves out the ranks' params" in capsys.readouterr().out
+
+
+def test_a_fact_without_meaning_for_one_rank_is_written_as_null(tmp_path):
+    path = write_metrics(tmp_path, RESULTS[:1], params_identical_across_ranks=None)
+    assert '"params_identical_across_ranks": null' in path.read_text()
+
+
+def test_mlflow_tracking_uri_defaults_to_one_store_beside_every_run(tmp_path):
+    from nbhelpers.metrics import mlflow_tracking_uri
+
+    assert mlflow_tracking_uri(tmp_path / "runs" / "a") == mlflow_tracking_uri(tmp_path / "runs" / "b")
+    assert mlflow_tracking_uri(tmp_path / "runs" / "a") == f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
+    assert mlflow_tracking_uri(tmp_path / "runs" / "a", "http://mlflow:5000") == "http://mlflow:5000"
