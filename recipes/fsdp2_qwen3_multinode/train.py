@@ -40,6 +40,7 @@ from nbhelpers.metrics import peak_memory_bytes, write_metrics
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # recipes/: recipe_common.py, what the recipes share
+sys.path.insert(0, str(HERE))  # linear_attention.py, also when this file is imported from elsewhere
 from linear_attention import INSTALLED, has_linear_attention, install, packed_kwargs, select_kernels  # noqa: E402
 from recipe_common import (FLOP_FORMULA, alpaca_prompt, gather_rank_facts, load_rows, log_causal_lm,  # noqa: E402
                            model_sizes, parse_args, peak_flops, tokenize_prompt_response, torchrun_job)
