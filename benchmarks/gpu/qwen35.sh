@@ -10,6 +10,8 @@
 #   C. only if the fast kernels pass the check here: A with linear_attention_kernels=torch, for the side by side.
 # If A runs out of memory, it is rerun with 4 layers fewer (the planner's miss is in the log and summary).
 # Results: $RESULTS/qwen35/{kernels.txt,plan.json,<run>/metrics.json,<run>.log,summary.json}. About 3 min on one H200.
+# Needs MLflow there (the recipe logs to it): PYTHON=.venv/bin/python bash benchmarks/gpu/pack-extra.sh here, carry
+# .devsite, and run TOPIC_TIMEOUT=300 bash benchmarks/gpu/run.sh qwen35.
 # CPU dry run (tiny stand-in, gloo, seq 256): QWEN35_DRY_RUN=1 RESULTS=/tmp/r bash benchmarks/gpu/qwen35.sh
 set -uo pipefail
 out=$RESULTS/qwen35; mkdir -p "$out"
