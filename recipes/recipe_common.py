@@ -238,9 +238,12 @@ def tokenize_prompt_response(tokenizer, prompt: str, response: str, max_length: 
 # --------------------------------------------------------------------------------------------------
 # FLOPs and MFU
 # --------------------------------------------------------------------------------------------------
-FLOP_FORMULA = ("flops/token = 6 * N + 12 * L * H * S  (N: parameters used in matmuls = all parameters minus an "
-                "untied input embedding; L layers; H = attention heads * head_dim; S sequence length; "
-                "forward + backward, no recompute counted; attention counted as the full S x S, as PaLM does)")
+FLOP_FORMULA = ("flops/token = 6 * N + 12 * L * H * S + 18 * L_lin * nv * dk * dv  (N: parameters used in matmuls "
+                "= all parameters minus an untied input embedding; L softmax-attention layers; H = attention heads * "
+                "head_dim; S sequence length; L_lin linear-attention (Gated DeltaNet) layers of nv value heads and key/"
+                "value head dims dk, dv, counted in the delta rule's recurrent form: read k.S, write the rank-1 update, "
+                "read q.S, 2 dk dv each per head and token forward; forward + backward, no recompute counted; softmax "
+                "attention counted as the full S x S, as PaLM does)")
 
 
 def matmul_parameters(model) -> int:
@@ -263,7 +266,11 @@ def flops_per_token(model, seq_len: int) -> float:
     config = model.config
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return 6 * matmul_parameters(model) + 12 * config.num_hidden_layers * heads * head_dim * seq_len
+    types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
+    linear = sum(kind == "linear_attention" for kind in types)  # Qwen3.5's Gated DeltaNet layers
+    delta_rule = 18 * linear * (config.linear_num_value_heads * config.linear_key_head_dim
+                                * config.linear_value_head_dim) if linear else 0
+    return 6 * matmul_parameters(model) + 12 * (len(types) - linear) * heads * head_dim * seq_len + delta_rule
 
 
 def peak_flops(device, override: float | None = None) -> float | None:

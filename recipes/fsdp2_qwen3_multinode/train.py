@@ -1,4 +1,4 @@
-"""FSDP2 fine-tune of a Qwen3 model on alpaca-style data, one torchrun agent per node.
+"""FSDP2 fine-tune of Qwen3.5-27B (or a Qwen3) on alpaca-style data, one torchrun agent per node.
 
     torchrun --nnodes=N --nproc-per-node=G --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 --rdzv-id=JOB \
         train.py [--config my.yaml] [--key value ...]
@@ -8,9 +8,11 @@ MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): compute in bf16, fp32
 gradient reduction. Sequence packing: samples are concatenated into rows of max_length tokens and their
 position_ids restart at 0 for each sample; with attention_mask=None transformers (>= 5) reads the
 restarts and builds a block-diagonal causal mask (sdpa) or BlockMask (flex_attention), so a sample
-never attends to its neighbours. Loss on responses only. Non-reentrant activation checkpointing, fused
-AdamW on GPU, torch.compile per decoder layer, a distributed checkpoint (torch.distributed.checkpoint)
-every `save_steps` steps (nbhelpers.checkpoints: sealed, verified on resume), resumed automatically.
+never attends to its neighbours. Qwen3.5's Gated DeltaNet layers ignore position_ids: linear_attention.py
+gives their conv and recurrent state the sample boundaries (cu_seq_lens) and picks their kernels
+(flash-linear-attention + causal-conv1d when installed and correct, else PyTorch). Loss on responses only.
+Non-reentrant activation checkpointing, fused AdamW on GPU, torch.compile per decoder layer, a distributed
+checkpoint (torch.distributed.checkpoint) every `save_steps` steps (nbhelpers.checkpoints: sealed, verified on resume), resumed automatically.
 Parameters, the loss and the final model go to MLflow. `synthetic_data` + `random_init` turn it into
 the throughput benchmark (see README.md).
 """
@@ -38,6 +40,8 @@ from nbhelpers.metrics import peak_memory_bytes, write_metrics
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # recipes/: recipe_common.py, what the recipes share
+sys.path.insert(0, str(HERE))  # linear_attention.py, also when this file is imported from elsewhere
+from linear_attention import INSTALLED, has_linear_attention, install, packed_kwargs, select_kernels  # noqa: E402
 from recipe_common import (FLOP_FORMULA, alpaca_prompt, gather_rank_facts, load_rows, log_causal_lm,  # noqa: E402
                            model_sizes, parse_args, peak_flops, tokenize_prompt_response, torchrun_job)
 
@@ -77,6 +81,13 @@ def build_model(args, device):
         model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32,
                                                      attn_implementation=attn)
     model.config.use_cache = False
+    if args.linear_attention_kernels not in ("auto", "torch"):
+        raise SystemExit(f"linear_attention_kernels must be auto or torch, not {args.linear_attention_kernels!r}")
+    if has_linear_attention(model.config):  # Qwen3.5: Gated DeltaNet kernels that keep packed samples apart
+        kernels = select_kernels(device, fast=args.linear_attention_kernels == "auto")
+        install(kernels)
+        if dist.get_rank() == 0:
+            print(kernels.describe(), flush=True)
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
@@ -225,7 +236,7 @@ def resume(model, optimizer, checkpoint_dir: Path) -> Resumed:
 # --------------------------------------------------------------------------------------------------
 def train_step(model, optimizer, loss_fn, micro_batches: list[dict], device, max_grad_norm: float) -> torch.Tensor:
     """One optimizer step over the micro-batches; returns the mean loss per labelled token of all ranks (on device)."""
-    world_size = dist.get_world_size()
+    world_size, hybrid = dist.get_world_size(), has_linear_attention(model.config)
     # Mean over every labelled token of the step on all ranks: FSDP averages gradients over ranks, so each rank
     # scales its summed loss by world_size / (labelled tokens everywhere).
     n_tokens = sum((mb["labels"] != -100).sum() for mb in micro_batches).to(device, torch.float32)
@@ -234,7 +245,8 @@ def train_step(model, optimizer, loss_fn, micro_batches: list[dict], device, max
     for i, mb in enumerate(micro_batches):
         model.set_requires_gradient_sync(i == len(micro_batches) - 1)  # reduce-scatter once per step
         position_ids = mb["position_ids"].to(device) if mb["position_ids"] is not None else None
-        logits = model(input_ids=mb["input_ids"].to(device), position_ids=position_ids).logits
+        samples = packed_kwargs(position_ids) if position_ids is not None and hybrid else {}  # for linear attention
+        logits = model(input_ids=mb["input_ids"].to(device), position_ids=position_ids, **samples).logits
         loss_sum = loss_fn(logits, mb["labels"].to(device))
         (loss_sum * world_size / n_tokens).backward()
         step_loss += loss_sum.detach()
@@ -322,6 +334,7 @@ def report(args, model, sizes: dict, resumed: Resumed, run: dict, device, tracki
         checkpoints=run["checkpoints"], steps=args.max_steps, timed_steps=timed_steps, timed_seconds=elapsed,
         first_step_seconds=run["first_step_seconds"], tokens_per_step=tokens_per_step, tokens_per_s=tokens_per_s,
         tokens_per_s_per_gpu=tokens_per_s_per_gpu, flop_formula=FLOP_FORMULA, peak_flops_per_gpu=peak, mfu=mfu,
+        linear_attention_kernels=INSTALLED[-1].describe() if has_linear_attention(model.config) else None,
         config=vars(args))
     if tracking:
         tracking.log_metrics({k: v for k, v in {"final_loss": losses[-1], "tokens_per_s": tokens_per_s, "mfu": mfu}.items()
