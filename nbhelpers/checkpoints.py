@@ -267,17 +267,17 @@ def _on_rank0(dist, action):
     """Run `action` on rank 0 only; every rank returns its result (or raises its error). Also a barrier."""
     if dist is None:
         return action()
-    outcome = [None]
+    outcome, failure = [None], None
     if dist.get_rank() == 0:
         try:
             outcome = [("ok", action())]
         except Exception as error:  # noqa: BLE001 - raised on every rank below
-            outcome = [("error", f"{type(error).__name__}: {error}")]
+            outcome, failure = [("error", f"{type(error).__name__}: {error}")], error
     dist.broadcast_object_list(outcome, src=0)
     status, value = outcome[0]
+    if failure is not None:
+        raise failure
     if status == "error":
-        if dist.get_rank() == 0:
-            raise CheckpointError(value)
         raise CheckpointError(f"rank 0 failed: {value}")
     return value
 

@@ -11,11 +11,12 @@ import torch
 from datasets import load_dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from nbhelpers.extraction import parse_json_object, score_extractions
-
 DATA = Path(__file__).resolve().parents[1] / "data"
 sys.path.insert(0, str(DATA))
 import make_text_datasets  # noqa: E402
+
+sys.path.insert(0, str(DATA.parent / "recipes" / "deepspeed_qwen3_8b_invoices"))
+from extraction import parse_json_object, score_extractions  # noqa: E402  (the invoice recipe's scorer)
 
 COLUMNS = {
     "multilingual_thinking": {"reasoning_language", "developer", "user", "analysis", "final", "messages"},

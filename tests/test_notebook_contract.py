@@ -28,13 +28,7 @@ NOT_YET_CONVERTED = {
     "notebooks/trl/fsdp_gpt_oss_120b.ipynb",
     "notebooks/unsloth/ddp_llama_3_2_3b.ipynb",
 }
-NOT_YET_RENAMED_RECIPES = {
-    "deepspeed_qwen3_8b_invoices",
-    "fsdp2_qwen3_multinode",
-    "fsdp_llama_3_1_8b_multinode",
-    "ray_qwen2_5_3b",
-    "ray_resnet50",
-}
+NOT_YET_RENAMED_RECIPES: set = set()
 MAX_CELL_LINES = 40
 # Test machinery that belongs in tests/hooks or nbhelpers, never in a lesson.
 TEST_ONLY_NAMES = ("patch_for_cpu", "trl_cpu", "stop_after_step", "crash_while_saving_step", "CrashWhileWriting",
