@@ -634,6 +634,8 @@ def test_a_second_interrupt_during_the_stop_leaves_no_rank_running(tmp_path):
                 assert line, f"the script ended in attempt {attempt} with code {proc.wait()}"
             assert_nothing_left_running(proc.pid)
             proc.stdin.write("\n")
+        proc.stdin.close()
+        proc.wait(timeout=120)  # a clean exit: the script's fork server and its temporary folder go too
     finally:
         proc.kill()
         proc.wait()
