@@ -46,6 +46,37 @@ CASES = [
         timeout=120,
         output_contains=("[rank 0] hello from rank 0 of 1", "one rank: the failing rank is rank 0 itself"),
     ),
+    NotebookCase(  # without GPUs every run is one CPU process: all three train at once
+        "notebooks/01_sweeps_and_remote.ipynb",
+        parameters={"output_dir": "{output_dir}", "learning_rates": [0.0003, 0.003, 0.3], "num_gpus": 1,
+                    "num_samples": 4096, "num_features": 16, "hidden_size": 64, "num_train_epochs": 8,
+                    "per_device_train_batch_size": 128},
+        expect={
+            "learning_rates": ("==", [0.0003, 0.003, 0.3]),
+            "best_learning_rate": ("==", 0.003),  # the smallest learns slowly, the largest overshoots
+            "runs_overlapped": ("==", True),
+            "mlflow_runs_listed": ("==", 3),
+            "mlflow_system_metrics": ("==", ["metrics.system/rank_0_cpu_utilization_percentage",
+                                              "metrics.system/rank_0_memory_usage_megabytes"]),
+        },
+        timeout=240,
+        output_contains=("[train#1 rank 0] learning rate 0.0003, epoch 0", "[train#3 rank 0]"),
+    ),
+    NotebookCase(  # one GPU (simulated: the ranks run on the CPU) for three runs of one GPU each: they queue
+        "notebooks/01_sweeps_and_remote.ipynb",
+        parameters={"output_dir": "{output_dir}", "learning_rates": [0.0003, 0.003, 0.3], "num_gpus": 1,
+                    "num_samples": 4096, "num_features": 16, "hidden_size": 64, "num_train_epochs": 8,
+                    "per_device_train_batch_size": 128},
+        hooks=("simulate_gpus=1",),
+        expect={
+            "gpus_used": ("==", ["0", "0", "0"]),
+            "runs_overlapped": ("==", False),
+            "best_learning_rate": ("==", 0.003),
+            "mlflow_runs_listed": ("==", 3),
+        },
+        timeout=240,
+        output_contains=("waiting for 1 GPU(s); leased by other launches: GPU 0: train#",),
+    ),
     NotebookCase(
         "notebooks/pytorch/ddp_mlp.ipynb",
         parameters={"output_dir": "{output_dir}", "num_train_epochs": 10, "num_samples": 8192,

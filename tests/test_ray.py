@@ -4,9 +4,12 @@ Everything here shares one 2-node Ray cluster on 127.0.0.1 with one CPU per node
 loopback only, telemetry and cloud probing off), started once for this module and stopped after it, so
 two ranks always land on two different nodes.
 """
+import concurrent.futures
+import contextlib
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
@@ -15,6 +18,7 @@ import ray
 import torch
 import torch.distributed as dist
 from ray_cluster import connect, start_loopback_cluster, stop_loopback_cluster
+from stall_checks import assert_a_stall_names_every_ranks_stack
 from timed_stream import TimedStream
 
 from nbhelpers import DistributedError, distributed
@@ -39,7 +43,7 @@ def ray_cluster():
 def leftovers():
     """What a launch could leave behind: live rank/outbox actors, placement groups, processes of a launch."""
     actors = [a["ActorClassName"] for a in ray._private.state.actors().values()  # GCS view; the state API needs a dashboard
-              if a["State"] != "DEAD" and a["ActorClassName"] in ("_Rank", "_Outbox")]
+              if a["State"] != "DEAD" and a["ActorClassName"] in ("_RankActor", "_Outbox")]
     groups = [g["name"] for g in ray.util.placement_group_table().values() if g["state"] != "REMOVED"]
     processes = []
     for p in psutil.process_iter():
@@ -124,7 +128,7 @@ def test_a_failing_rank_raises_one_error_naming_it_and_nothing_is_left_on_any_no
     err = caught.value
     assert err.rank == 1
     assert str(err).startswith("rank 1 of 2 failed in fails_on_rank_1(): ValueError: no shard for rank 1")
-    assert "in fails_on_rank_1\nValueError: no shard for rank 1" in err.remote_traceback  # (by value: no source line)
+    assert 'raise ValueError("no shard for rank 1")\nValueError: no shard for rank 1' in err.remote_traceback  # its own line
     assert_nothing_left()
     assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "3171"]]
 
@@ -144,6 +148,77 @@ def test_a_rank_whose_process_dies_is_named_with_its_last_output():
     assert err.rank == 1
     assert "rank 1 of 2 died without returning from killed()" in str(err)
     assert "[rank 1] about to be killed" in str(err)
+    assert_nothing_left()
+
+
+def test_a_stall_dumps_every_ranks_python_stack_then_kills_them_on_every_node():
+    assert_a_stall_names_every_ranks_stack(6, engine="ray")
+    assert_nothing_left()
+
+
+def test_a_ray_cluster_that_stops_answering_is_a_stall_too(monkeypatch):
+    out = TimedStream()
+    monkeypatch.setattr(sys, "stdout", out)
+
+    @distributed(engine="ray", stall_timeout=6)
+    def prints_for_ever():
+        while True:
+            print("still here", flush=True)
+            time.sleep(0.5)
+
+    frozen = []
+
+    def freeze_the_outbox():  # the actor that carries the ranks' output to this process stops answering
+        deadline = time.monotonic() + 120
+        while "[rank 1] still here" not in out.text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for p in psutil.process_iter(["cmdline"]):
+            if "_Outbox" in " ".join(p.info["cmdline"] or []):
+                p.suspend()
+                frozen.append(p)
+
+    freezer = threading.Thread(target=freeze_the_outbox)
+    freezer.start()
+    try:
+        with pytest.raises(DistributedError, match="no rank of prints_for_ever"):
+            prints_for_ever.distributed()
+    finally:
+        freezer.join()
+        for p in frozen:
+            with contextlib.suppress(psutil.Error):
+                p.resume()
+    assert frozen, "found no outbox process to freeze"
+    assert_nothing_left()
+
+
+def test_remote_true_runs_on_the_attached_ray_cluster(capsys):
+    @distributed(gpus=2, gpu_type="H100", remote=True)  # as written for serverless_gpu
+    def where():
+        return os.environ["RANK"], ray.get_runtime_context().get_node_id()
+
+    results = where.distributed()
+    assert [rank for rank, _ in results] == ["0", "1"] and results[0][1] != results[1][1]
+    assert "gpu_type='H100' ignored: the Ray cluster has no GPU" in capsys.readouterr().err
+    assert_nothing_left()
+
+
+def test_cancelling_a_ray_run_in_the_background_stops_its_ranks(monkeypatch):
+    out = TimedStream()
+    monkeypatch.setattr(sys, "stdout", out)
+
+    @distributed(engine="ray")
+    def runs_for_ever():
+        print("running", flush=True)
+        time.sleep(300)
+
+    run = runs_for_ever.distributed_async()
+    deadline = time.monotonic() + 120
+    while out.text().count("running") < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert f"[{run.name} rank 1] running" in out.text()
+    assert run.cancel()
+    with pytest.raises(concurrent.futures.CancelledError):
+        run.result()
     assert_nothing_left()
 
 

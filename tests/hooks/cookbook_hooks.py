@@ -117,8 +117,22 @@ def count_started_processes(value: str) -> None:
     multiprocessing.process.BaseProcess.start = start_and_record
 
 
+def simulate_gpus(value: str) -> None:
+    """@distributed sees `value` GPUs named "simulated GPU": launches lease them host-wide and each gets its
+    own CUDA_VISIBLE_DEVICES, while the ranks still run on the CPU with gloo. The leases go to a folder of
+    this run (a real host's leases are not touched)."""
+    count = int(value)
+    os.environ.setdefault("NBHELPERS_GPU_LEASE_DIR", os.path.join(os.environ["COOKBOOK_TEST_HOOKS_DIR"], "gpu-leases"))
+
+    def patch(module):
+        module._visible_gpu_count = lambda: count
+        module._gpu_names = lambda gpus: ["simulated GPU"] * len(gpus)
+
+    when_imported("nbhelpers.local_engine", patch)
+
+
 HOOKS = {hook.__name__: hook for hook in (kill_rank_after_optimizer_step, kill_rank_while_writing_checkpoint,
-                                          record_checkpoint_writers, count_started_processes)}
+                                          record_checkpoint_writers, count_started_processes, simulate_gpus)}
 
 
 def parse(spec: str) -> dict:
