@@ -36,14 +36,15 @@ from tqdm import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from nbhelpers import checkpoints
+from nbhelpers.flops import FLOP_FORMULA, peak_flops
 from nbhelpers.metrics import peak_memory_bytes, write_metrics
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # recipes/: recipe_common.py, what the recipes share
 sys.path.insert(0, str(HERE))  # linear_attention.py, also when this file is imported from elsewhere
 from linear_attention import INSTALLED, has_linear_attention, install, packed_kwargs, select_kernels  # noqa: E402
-from recipe_common import (FLOP_FORMULA, alpaca_prompt, gather_rank_facts, load_rows, log_causal_lm,  # noqa: E402
-                           model_sizes, parse_args, peak_flops, tokenize_prompt_response, torchrun_job)
+from recipe_common import (alpaca_prompt, gather_rank_facts, load_rows, log_causal_lm,  # noqa: E402
+                           model_sizes, parse_args, tokenize_prompt_response, torchrun_job)
 
 RECIPE = "fsdp2_qwen3_multinode"
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}

@@ -32,12 +32,13 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from nbhelpers import checkpoints
+from nbhelpers.flops import FLOP_FORMULA, peak_flops
 from nbhelpers.metrics import peak_memory_bytes, write_metrics
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # recipes/: recipe_common.py, what the recipes share
-from recipe_common import (FLOP_FORMULA, alpaca_prompt, gather_rank_facts, load_rows, log_causal_lm,  # noqa: E402
-                           model_sizes, parse_args, peak_flops, tokenize_prompt_response, torchrun_job)
+from recipe_common import (alpaca_prompt, gather_rank_facts, load_rows, log_causal_lm,  # noqa: E402
+                           model_sizes, parse_args, tokenize_prompt_response, torchrun_job)
 
 RECIPE = "fsdp_llama_3_1_8b_multinode"
 
