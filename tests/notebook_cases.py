@@ -142,9 +142,9 @@ CASES = [
         hooks=("kill_rank_while_writing_checkpoint=2",),
         expect={
             "world_size": ("==", 2),
-            "knob_changes": ("==", ["baseline (FSDP2, bf16, eager)", "fp32 instead of bf16", "torch.compile (aot_eager)",
-                                    "activation checkpointing", "2x batch size", "FSDP2 reshard_after_forward=False",
-                                    "DDP instead of FSDP2", "DataLoader: 0 workers, pageable memory"]),
+            "knob_changes": ("==", ["baseline (FSDP2, bf16, eager)", "fp32 instead of bf16", "activation checkpointing",
+                                    "2x batch size", "FSDP2 reshard_after_forward=False", "DDP instead of FSDP2",
+                                    "DataLoader: 0 workers, pageable memory", "torch.compile (aot_eager)"]),
             "hooks.kill_rank_while_writing_checkpoint.ranks": ("==", [1]),
             "failed_rank": ("==", 1),
             "failure_signal": ("==", "SIGKILL"),
