@@ -195,7 +195,7 @@ CASES = [
     ),
     NotebookCase(  # one rank: nothing to all-reduce or compare (null); the loss still falls
         "notebooks/trl/ddp_gpt_oss_20b.ipynb",
-        parameters={**TRL_DDP_SMOKE, "num_gpus": 1, "max_steps": 6, "logging_steps": 2, "save_steps": 100,
+        parameters={**TRL_DDP_SMOKE, "num_gpus": 1, "max_steps": 4, "logging_steps": 2, "save_steps": 100,
                     "max_new_tokens": 0, "merge_adapter": False},
         expect={
             "world_size": ("==", 1),
