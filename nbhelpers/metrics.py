@@ -53,6 +53,20 @@ def mlflow_tracking_uri(output_dir, tracking_uri: str = "") -> str:
     return tracking_uri or f"sqlite:///{Path(output_dir).resolve().parent / 'mlflow.db'}"
 
 
+def set_mlflow_experiment(experiment: str, tracking_uri: str) -> None:
+    """Point MLflow at `tracking_uri` and `experiment` (created if new). A local SQLite store keeps the models and
+    files runs log beside it, in `mlartifacts/` (MLflow's default would be ./mlruns in the current folder)."""
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri)
+    if mlflow.get_experiment_by_name(experiment) is None:
+        store = Path(tracking_uri.removeprefix("sqlite:///")).parent if tracking_uri.startswith("sqlite:///") else None
+        if store is not None:
+            store.mkdir(parents=True, exist_ok=True)
+        mlflow.create_experiment(experiment, artifact_location=(store / "mlartifacts").as_uri() if store else None)
+    mlflow.set_experiment(experiment)
+
+
 def write_metrics(output_dir, results=None, /, **metrics) -> Path:
     """Write `output_dir/metrics.json` (atomically): the metrics, the ranks' results and the environment.
 

@@ -33,168 +33,22 @@ from pathlib import Path
 
 import torch
 
+from nbhelpers.hub_templates import hub_template
+
 BASE_TOKENIZER = Path(__file__).resolve().parent / "standin_tokenizer.json"
 
 
 # --------------------------------------------------------------------------------------------------
-# Chat templates. Rendered by transformers with trim_blocks/lstrip_blocks: every tag strips the
-# whitespace before it, so only what the expressions print reaches the output ('\n' for newlines).
-# `{% generation %}` marks what the assistant writes after the generation prompt (its content and the
-# end-of-turn token), which `return_assistant_tokens_mask=True` and TRL's assistant-only loss use.
+# Chat templates. A stand-in carries its hub model's own template where nbhelpers/hub_templates.py records
+# it (byte for byte). The templates below are for the families with none recorded; transformers renders them
+# with trim_blocks/lstrip_blocks: every tag strips the whitespace before it, so only what the expressions
+# print reaches the output ('\n' for newlines). `{% generation %}` marks what the assistant writes after the
+# generation prompt (its content and the end-of-turn token), which `return_assistant_tokens_mask=True` and
+# TRL's assistant-only loss use.
 # --------------------------------------------------------------------------------------------------
-LLAMA3_TEMPLATE = r"""
-{{- bos_token }}
-{%- if messages[0]['role'] == 'system' %}
-    {%- set system_message = messages[0]['content'] | trim %}
-    {%- set loop_messages = messages[1:] %}
-{%- else %}
-    {%- set system_message = '' %}
-    {%- set loop_messages = messages %}
-{%- endif %}
-{%- if date_string is not defined %}
-    {%- set date_string = '26 Jul 2024' %}
-{%- endif %}
-{{- '<|start_header_id|>system<|end_header_id|>\n\n' }}
-{{- 'Cutting Knowledge Date: December 2023\nToday Date: ' + date_string + '\n\n' }}
-{{- system_message + '<|eot_id|>' }}
-{%- for message in loop_messages %}
-    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' }}
-    {%- if message['role'] == 'assistant' %}
-        {%- generation %}
-        {{- message['content'] | trim + '<|eot_id|>' }}
-        {%- endgeneration %}
-    {%- else %}
-        {{- message['content'] | trim + '<|eot_id|>' }}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
-{%- endif %}
-"""
-
-# OpenAI harmony: a system header, the caller's system/developer message as developer instructions,
-# and assistant turns on channels. A message's `thinking` (as in HuggingFaceH4/Multilingual-Thinking)
-# goes to the analysis channel, for assistant turns after the last user turn only (the real template
-# drops earlier reasoning too); the final turn of a training conversation ends with <|return|>.
-GPT_OSS_TEMPLATE = r"""
-{%- if reasoning_effort is not defined %}
-    {%- set reasoning_effort = 'medium' %}
-{%- endif %}
-{%- if messages[0]['role'] in ['system', 'developer'] %}
-    {%- set developer_message = messages[0]['content'] %}
-    {%- set loop_messages = messages[1:] %}
-{%- else %}
-    {%- set developer_message = '' %}
-    {%- set loop_messages = messages %}
-{%- endif %}
-{{- '<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n' }}
-{{- 'Knowledge cutoff: 2024-06\nCurrent date: 2025-06-28\n\nReasoning: ' + reasoning_effort + '\n\n' }}
-{{- '# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|>' }}
-{%- if developer_message %}
-    {{- '<|start|>developer<|message|># Instructions\n\n' + developer_message + '\n\n<|end|>' }}
-{%- endif %}
-{%- set ns = namespace(last_user=-1) %}
-{%- for message in loop_messages %}
-    {%- if message['role'] == 'user' %}
-        {%- set ns.last_user = loop.index0 %}
-    {%- endif %}
-{%- endfor %}
-{%- for message in loop_messages %}
-    {%- if message['role'] == 'assistant' %}
-        {{- '<|start|>assistant' }}
-        {%- generation %}
-        {%- if message.thinking and loop.index0 > ns.last_user %}
-            {{- '<|channel|>analysis<|message|>' + message.thinking + '<|end|><|start|>assistant' }}
-        {%- endif %}
-        {{- '<|channel|>final<|message|>' + message['content'] }}
-        {%- if loop.last and not add_generation_prompt %}
-            {{- '<|return|>' }}
-        {%- else %}
-            {{- '<|end|>' }}
-        {%- endif %}
-        {%- endgeneration %}
-    {%- else %}
-        {{- '<|start|>' + message['role'] + '<|message|>' + message['content'] + '<|end|>' }}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|start|>assistant' }}
-{%- endif %}
-"""
-
-QWEN2_TEMPLATE = r"""
-{%- if messages[0]['role'] == 'system' %}
-    {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
-    {%- set loop_messages = messages[1:] %}
-{%- else %}
-    {{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}
-    {%- set loop_messages = messages %}
-{%- endif %}
-{%- for message in loop_messages %}
-    {{- '<|im_start|>' + message['role'] + '\n' }}
-    {%- if message['role'] == 'assistant' %}
-        {%- generation %}
-        {{- message['content'] + '<|im_end|>' }}
-        {%- endgeneration %}
-    {%- else %}
-        {{- message['content'] + '<|im_end|>' }}
-    {%- endif %}
-    {{- '\n' }}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|im_start|>assistant\n' }}
-{%- endif %}
-"""
-
-# Qwen3: reasoning from `reasoning_content` (or a <think> block inside the content) is rendered for
-# assistant turns after the last user turn; the last assistant turn always gets a <think> block (empty
-# without reasoning), which is what `enable_thinking=False` puts in the generation prompt.
-QWEN3_TEMPLATE = r"""
-{%- if messages[0]['role'] == 'system' %}
-    {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
-    {%- set loop_messages = messages[1:] %}
-{%- else %}
-    {%- set loop_messages = messages %}
-{%- endif %}
-{%- set ns = namespace(last_query=-1) %}
-{%- for message in loop_messages %}
-    {%- if message['role'] == 'user' %}
-        {%- set ns.last_query = loop.index0 %}
-    {%- endif %}
-{%- endfor %}
-{%- for message in loop_messages %}
-    {%- if message['role'] == 'assistant' %}
-        {%- set content = message['content'] %}
-        {%- set reasoning = '' %}
-        {%- if message.reasoning_content is string %}
-            {%- set reasoning = message.reasoning_content %}
-        {%- elif '</think>' in content %}
-            {%- set reasoning = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
-            {%- set content = content.split('</think>')[-1].lstrip('\n') %}
-        {%- endif %}
-        {{- '<|im_start|>assistant\n' }}
-        {%- generation %}
-        {%- if loop.index0 > ns.last_query and (loop.last or reasoning) %}
-            {{- '<think>\n' + reasoning.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}
-        {%- else %}
-            {{- content }}
-        {%- endif %}
-        {{- '<|im_end|>' }}
-        {%- endgeneration %}
-        {{- '\n' }}
-    {%- else %}
-        {{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|im_start|>assistant\n' }}
-    {%- if enable_thinking is defined and enable_thinking is false %}
-        {{- '<think>\n\n</think>\n\n' }}
-    {%- endif %}
-{%- endif %}
-"""
-
-# Olmo 3 Instruct: ChatML, with its default function-calling system prompt when none is given.
+# Olmo 3 Instruct: ChatML, with its default function-calling system prompt when none is given. Written from the
+# hub template's behaviour for plain chats (no copy known to equal allenai/Olmo-3-7B-Instruct-SFT's was found
+# offline), with `{% generation %}` marks.
 OLMO3_TEMPLATE = r"""
 {%- if messages[0]['role'] != 'system' %}
     {{- '<|im_start|>system\nYou are a helpful function-calling AI assistant. ' }}
@@ -277,7 +131,7 @@ QWEN3_5_TEMPLATE = r"""
 @dataclass(frozen=True)
 class Family:
     special_tokens: tuple  # added as special tokens after the BPE vocabulary, in the real id order
-    chat_template: str
+    chat_template: str | None = None  # for archs without a recorded hub template (nbhelpers/hub_templates.py)
     added_tokens: tuple = ()  # added, but not special (kept by decode(skip_special_tokens=True))
     prepend_bos: bool = False  # the tokenizer puts bos_token in front of every encoded text
 
@@ -285,12 +139,12 @@ class Family:
 FAMILIES = {
     "llama3": Family(("<|begin_of_text|>", "<|end_of_text|>", "<|finetune_right_pad_id|>", "<|start_header_id|>",
                       "<|end_header_id|>", "<|eom_id|>", "<|eot_id|>", "<|python_tag|>"),
-                     LLAMA3_TEMPLATE, prepend_bos=True),
+                     prepend_bos=True),
     "gpt-oss": Family(("<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>", "<|channel|>", "<|start|>",
-                       "<|end|>", "<|message|>", "<|call|>"), GPT_OSS_TEMPLATE),
-    "qwen2": Family(("<|endoftext|>", "<|im_start|>", "<|im_end|>"), QWEN2_TEMPLATE,
+                       "<|end|>", "<|message|>", "<|call|>")),
+    "qwen2": Family(("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
                     added_tokens=("<tool_call>", "</tool_call>")),
-    "qwen3": Family(("<|endoftext|>", "<|im_start|>", "<|im_end|>"), QWEN3_TEMPLATE,
+    "qwen3": Family(("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
                     added_tokens=("<tool_call>", "</tool_call>", "<think>", "</think>")),
     "olmo3": Family(("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"), OLMO3_TEMPLATE),
     "qwen3.5": Family(("<|endoftext|>", "<|im_start|>", "<|im_end|>"), QWEN3_5_TEMPLATE,
@@ -471,7 +325,8 @@ def tokenizer(arch: str):
         ])
     return PreTrainedTokenizerFast(
         tokenizer_object=backend, bos_token=spec.bos, eos_token=spec.eos, pad_token=spec.pad,
-        chat_template=family.chat_template.strip(), model_max_length=spec.full["max_position_embeddings"],
+        chat_template=hub_template(spec.hub_id) or family.chat_template.strip(),
+        model_max_length=spec.full["max_position_embeddings"],
         clean_up_tokenization_spaces=False,
     )
 

@@ -10,7 +10,12 @@ call older notebooks and recipes make) applies all four at once and is harmless 
 1. accelerate (under the Trainer) treats processes started like torchrun as one distributed job only
    on GPU-like devices; on CPUs, unless `use_cpu=True` is passed, each process silently trains alone,
    and with DeepSpeed the Trainer and DeepSpeed then disagree on the world size. Here CPU processes
-   form a gloo job whatever the arguments, as GPUs form an NCCL one.
+   form a gloo job whatever the arguments, as GPUs form an NCCL one: any process with the torchrun
+   environment (LOCAL_RANK), one alone included, as accelerate decides for GPUs (FSDP then runs with
+   one rank, as on one GPU, instead of the Trainer refusing it; accelerate also wraps a lone CPU
+   process's model in DistributedDataParallel, which it does not for one GPU: harmless, as it has no
+   other rank to all-reduce with). Each rank's device is plain `cpu`: accelerate would name it
+   `cpu:RANK`, which torch.load cannot map tensors to, so resuming from a checkpoint failed.
 2. TRL 1.15 computes the SFT loss (and its logged entropy and accuracy) with a Triton kernel
    (`trl.kernels.ChunkedLogProbFunction`); Triton needs a GPU ("0 active drivers"). Replaced by the
    same computation in plain PyTorch (`TorchChunkedLogProbFunction`; like the kernel, its backward re-gathers a ZeRO-3 LM head).
@@ -96,7 +101,8 @@ class TorchChunkedLogProbFunction(torch.autograd.Function):
 
 
 def join_cpu_processes() -> None:
-    """accelerate makes CPU processes with WORLD_SIZE > 1 one gloo job (MULTI_CPU) instead of unrelated single runs."""
+    """accelerate makes CPU processes with the torchrun environment one gloo job (MULTI_CPU), as it makes GPU ones an
+    NCCL job, instead of unrelated single runs; each rank's device is plain `cpu`."""
     from accelerate.state import PartialState
     from accelerate.utils import DistributedType
 
@@ -107,12 +113,21 @@ def join_cpu_processes() -> None:
     @functools.wraps(original)
     def prepare_backend(self, *args, **kwargs):
         backend, distributed_type = original(self, *args, **kwargs)
-        if distributed_type == DistributedType.NO and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        if distributed_type == DistributedType.NO and "LOCAL_RANK" in os.environ:
             return "gloo", DistributedType.MULTI_CPU
         return backend, distributed_type
 
     prepare_backend._joins_cpu_processes = True
     PartialState._prepare_backend = prepare_backend
+    set_device = PartialState.set_device
+
+    @functools.wraps(set_device)
+    def set_plain_cpu_device(self):
+        set_device(self)
+        if self.device is not None and self.device.type == "cpu":
+            self.device = torch.device("cpu")  # not cpu:RANK (torch.load's map_location knows no such device)
+
+    PartialState.set_device = set_plain_cpu_device
 
 
 def use_torch_loss() -> None:

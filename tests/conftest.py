@@ -36,3 +36,20 @@ def standin(tmp_path_factory):
         return built[name]
 
     return build
+
+
+@pytest.fixture(scope="session")
+def notebook_run(tmp_path_factory, standin):
+    """notebook_run(case) -> (metrics, executed notebook, workdir): each case of notebook_cases.py runs once per
+    session, so a test of what a run left behind (its MLflow store, its merged model) reuses the smoke run."""
+    from harness import run_notebook
+
+    runs = {}
+
+    def run(case):
+        if id(case) not in runs:
+            workdir = tmp_path_factory.mktemp("notebook")
+            runs[id(case)] = (*run_notebook(case, workdir, standin), workdir)
+        return runs[id(case)]
+
+    return run

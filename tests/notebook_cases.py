@@ -31,6 +31,29 @@ class NotebookCase:
     hooks: tuple = ()  # test hooks to install, e.g. ("kill_rank_after_optimizer_step=3",)
 
 
+# The DDP notebook's smoke run: 20 steps, a sealed checkpoint every 10 (resumed by test_trl_workflow.py).
+TRL_DDP_SMOKE = {
+    "output_dir": "{output_dir}", "num_gpus": None, "model_name_or_path": "{standin:gpt-oss-20b+mxfp4}",
+    "dataset_name": "{data}/multilingual_thinking", "dataset_train_split": "train[:160]", "max_length": 256,
+    "per_device_train_batch_size": 4, "gradient_accumulation_steps": 1, "max_steps": 20, "learning_rate": 0.02,
+    "lora_experts": True, "logging_steps": 5, "save_steps": 10, "max_new_tokens": 16, "temperature": 0.0,
+}
+# The FSDP notebook's smoke run: 20 steps, its one checkpoint at the end.
+TRL_FSDP_SMOKE = {
+    "output_dir": "{output_dir}", "num_gpus": None, "model_name_or_path": "{standin:gpt-oss-120b+mxfp4}",
+    "dataset_name": "{data}/multilingual_thinking", "dataset_train_split": "train[:160]", "max_length": 256,
+    "per_device_train_batch_size": 4, "gradient_accumulation_steps": 1, "max_steps": 20, "learning_rate": 0.01,
+    "logging_steps": 5, "save_steps": 20, "max_new_tokens": 16, "temperature": 0.0,
+}
+
+# The ZeRO-3 notebook's smoke run: 20 steps, an evaluation and a sealed checkpoint every 10.
+TRL_LLAMA_SMOKE = {
+    "output_dir": "{output_dir}", "num_gpus": None, "model_name_or_path": "{standin:llama-3.2-1b}",
+    "dataset_name": "{data}/capybara", "dataset_train_split": "train[:160]", "dataset_test_split": "test[:32]",
+    "max_length": 128, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "max_steps": 20,
+    "learning_rate": 0.003, "eval_steps": 10, "save_steps": 10, "logging_steps": 2, "max_new_tokens": 16,
+}
+
 CASES = [
     NotebookCase(
         "notebooks/00_getting_started.ipynb",
@@ -216,40 +239,47 @@ CASES = [
     # LoRA on a frozen random base barely moves the loss (the random LM head caps the logits), so the
     # LoRA cases also check the token accuracy, which the adapters lift from ~0 within a few steps.
     # The GPT-OSS stand-ins keep their experts in MXFP4 like the hub's, so the notebooks dequantise on load.
-    NotebookCase(
+    NotebookCase(  # also the uninterrupted run that tests/test_trl_workflow.py compares a killed + resumed run with
         "notebooks/trl/ddp_gpt_oss_20b.ipynb",
-        parameters={"output_dir": "{output_dir}", "num_gpus": None, "model_name": "{standin:gpt-oss-20b+mxfp4}",
-                    "dataset_name": "{data}/multilingual_thinking", "dataset_split": "train[:160]", "max_length": 256,
-                    "per_device_train_batch_size": 4, "gradient_accumulation_steps": 1, "max_steps": 20,
-                    "learning_rate": 0.02, "lora_experts": True, "logging_steps": 5, "max_new_tokens": 16,
-                    "temperature": 0.0},
+        parameters=TRL_DDP_SMOKE,
         expect={
             "world_size": ("==", 2),
-            "trainer_world_size": ("==", 2),
-            "wrapped_model": ("==", "DistributedDataParallel"),
+            "trainer_world_size": ("==", [2, 2]),
+            "wrapped_model": ("==", ["DistributedDataParallel"] * 2),
             "checkpoint_quantization": ("==", "mxfp4"),  # loaded through the hub checkpoint's path
             "final_loss_vs_initial": ("<", 0.98),
             "final_token_accuracy": (">", 0.1),
             "adapter_saved": ("==", True),
+            "adapter_identical_across_ranks": ("==", True),
         },
         timeout=240,
-        output_contains=("[rank 0]", "[rank 1]"),
+        output_contains=("[rank 0]", "[rank 1]", "LoRA weights identical on all 2 ranks: True"),
+    ),
+    NotebookCase(  # one rank: nothing to all-reduce or compare (null); the loss still falls
+        "notebooks/trl/ddp_gpt_oss_20b.ipynb",
+        parameters={**TRL_DDP_SMOKE, "num_gpus": 1, "max_steps": 4, "logging_steps": 2, "save_steps": 100,
+                    "max_new_tokens": 0, "merge_adapter": False},
+        expect={
+            "world_size": ("==", 1),
+            "trainer_world_size": ("==", [1]),
+            "adapter_identical_across_ranks": ("==", None),
+            "final_loss_vs_initial": ("<", 1.0),
+        },
+        timeout=180,
+        output_contains=("[rank 0]", "one rank: no other rank to all-reduce gradients with"),
     ),
     NotebookCase(
         "notebooks/trl/fsdp_gpt_oss_120b.ipynb",
-        parameters={"output_dir": "{output_dir}", "num_gpus": None, "model_name": "{standin:gpt-oss-120b+mxfp4}",
-                    "dataset_name": "{data}/multilingual_thinking", "dataset_split": "train[:160]", "max_length": 256,
-                    "per_device_train_batch_size": 4, "gradient_accumulation_steps": 1, "max_steps": 20,
-                    "learning_rate": 0.01, "logging_steps": 5},
+        parameters=TRL_FSDP_SMOKE,
         expect={
             "world_size": ("==", 2),
-            "trainer_world_size": ("==", 2),
-            "fsdp_enabled": ("==", True),
+            "trainer_world_size": ("==", [2, 2]),
+            "fsdp_enabled": ("==", [True, True]),
             "checkpoint_quantization": ("==", "mxfp4"),  # loaded through the hub checkpoint's path
             "decoder_layers_sharded": ("==", True),
-            "dtensor_fraction": ("==", 1.0),
+            "dtensor_fraction": ("==", [1.0, 1.0]),
             "parameters_held_fraction_max": ("<", 0.55),
-            "lora_rank_attention": ("==", [32]),
+            "lora_rank_attention": ("==", 32),
             "lora_rank_experts": ("==", [8]),
             "final_loss_vs_initial": ("<", 0.99),
             "final_token_accuracy": (">", 0.05),
@@ -258,23 +288,50 @@ CASES = [
         },
         timeout=240,
     ),
-    NotebookCase(
+    NotebookCase(  # one rank, its FSDP settings from an accelerate config file: FSDP shards nothing (null)
+        "notebooks/trl/fsdp_gpt_oss_120b.ipynb",
+        parameters={**TRL_FSDP_SMOKE, "num_gpus": 1, "max_steps": 4, "logging_steps": 2, "save_steps": 100,
+                    "max_new_tokens": 0, "merge_adapter": False,
+                    "fsdp_config": "{repo}/tests/data/accelerate_fsdp2.yaml"},
+        expect={
+            "world_size": ("==", 1),
+            "decoder_layers_sharded": ("==", None),
+            "parameters_held_fraction_max": ("==", 1.0),
+            "fsdp_config_used": ("==", [{"version": 2, "reshard_after_forward": False}]),  # the file's, not the default
+            "final_loss_vs_initial": ("<", 1.0),
+        },
+        timeout=180,
+        output_contains=("one rank: FSDP shards nothing",),
+    ),
+    NotebookCase(  # also the uninterrupted run that tests/test_trl_workflow.py compares a killed + resumed run with
         "notebooks/trl/deepspeed_llama_3_2_1b.ipynb",
-        parameters={"output_dir": "{output_dir}", "num_gpus": None, "model_name": "{standin:llama-3.2-1b}",
-                    "dataset_name": "{data}/capybara", "train_split": "train[:160]", "eval_split": "test[:32]",
-                    "max_length": 128, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1,
-                    "max_steps": 20, "learning_rate": 0.003, "eval_steps": 20, "logging_steps": 2,
-                    "max_new_tokens": 16},
+        parameters=TRL_LLAMA_SMOKE,
         expect={
             "world_size": ("==", 2),
-            "trainer_world_size": ("==", 2),
-            "engine": ("==", "DeepSpeedEngine"),
+            "trainer_world_size": ("==", [2, 2]),
+            "engine": ("==", ["DeepSpeedEngine"] * 2),
             "parameters_held_fraction_max": ("<", 0.55),
+            "partitioned_across_ranks": ("==", True),
             "best_eval_loss_vs_initial": ("<", 0.8),
             "final_loss_vs_initial": ("<", 0.8),
             "final_model_saved": ("==", True),
         },
         timeout=240,
+    ),
+    NotebookCase(  # one rank, driven by a DeepSpeed JSON file (zero_stage 0 would mean DDP): ZeRO-3 partitions nothing
+        "notebooks/trl/deepspeed_llama_3_2_1b.ipynb",
+        parameters={**TRL_LLAMA_SMOKE, "num_gpus": 1, "zero_stage": 0, "max_steps": 4, "eval_steps": 2,
+                    "save_steps": 100, "max_new_tokens": 0, "deepspeed": "{repo}/tests/data/deepspeed_zero3.json"},
+        expect={
+            "world_size": ("==", 1),
+            "engine": ("==", ["DeepSpeedEngine"]),
+            "zero_stage": ("==", [3]),  # from the file
+            "parameters_held_fraction_max": ("==", 1.0),
+            "partitioned_across_ranks": ("==", None),
+            "final_loss_vs_initial": ("<", 1.0),
+        },
+        timeout=180,
+        output_contains=("one rank: ZeRO-3 partitions nothing",),
     ),
     NotebookCase(
         "notebooks/unsloth/ddp_llama_3_2_3b.ipynb",

@@ -23,9 +23,6 @@ NOT_YET_CONVERTED = {
     "notebooks/lightning/ddp_two_tower.ipynb",
     "notebooks/pytorch/ddp_retinanet.ipynb",
     "notebooks/pytorch/fsdp2_transformer.ipynb",
-    "notebooks/trl/ddp_gpt_oss_20b.ipynb",
-    "notebooks/trl/deepspeed_llama_3_2_1b.ipynb",
-    "notebooks/trl/fsdp_gpt_oss_120b.ipynb",
     "notebooks/unsloth/ddp_llama_3_2_3b.ipynb",
 }
 NOT_YET_RENAMED_RECIPES: set = set()

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from harness import REPO, check_expectations, output_text, run_notebook
+from harness import REPO, check_expectations, output_text
 from notebook_cases import CASES
 
 
@@ -30,11 +30,11 @@ def _case_id(case) -> str:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[_case_id(c) for c in CASES])
-def test_notebook_meets_its_expectations(case, tmp_path, standin):
+def test_notebook_meets_its_expectations(case, notebook_run):
     if case.gpu_only and not _has_gpu():
         pytest.skip(f"needs a GPU: {case.gpu_only} (GPU evidence: benchmarks/results/)")
     before = _files_in_the_repo()
-    metrics, executed = run_notebook(case, tmp_path, standin)
+    metrics, executed, _ = notebook_run(case)
     written = sorted(os.path.relpath(p, REPO) for p in _files_in_the_repo() - before)
     assert not written, f"{case.notebook} wrote into the repository instead of output_dir: {written[:5]}"
     failures = check_expectations(case, metrics)

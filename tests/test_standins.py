@@ -90,20 +90,16 @@ CONVERSATION = [
     {"role": "assistant", "content": "42 × 2 = 84.", "thinking": "Je calcule 42 × 2 = 84.",
      "reasoning_content": "Je calcule 42 × 2 = 84."},
 ]
-EXPECTED_ASSISTANT_TEXT = {  # what the assistant writes after each generation prompt
-    "llama3": ["12 + 30 = 42.<|eot_id|>", "42 × 2 = 84.<|eot_id|>"],
-    "gpt-oss": ["<|channel|>final<|message|>12 + 30 = 42.<|end|>",
-                "<|channel|>analysis<|message|>Je calcule 42 × 2 = 84.<|end|><|start|>assistant"
-                "<|channel|>final<|message|>42 × 2 = 84.<|return|>"],
-    "qwen2": ["12 + 30 = 42.<|im_end|>", "42 × 2 = 84.<|im_end|>"],
-    "qwen3": ["12 + 30 = 42.<|im_end|>", "<think>\nJe calcule 42 × 2 = 84.\n</think>\n\n42 × 2 = 84.<|im_end|>"],
+# What the assistant writes after each generation prompt, for the families whose stand-ins use the templates
+# written in standins.py; the others carry their hub template (tests/test_chat_templates.py).
+EXPECTED_ASSISTANT_TEXT = {
     "olmo3": ["12 + 30 = 42.<|im_end|>", "42 × 2 = 84.<|im_end|>"],
     # the generation prompt opens the <think> block, so the assistant writes from inside it
     "qwen3.5": ["12 + 30 = 42.<|im_end|>", "Je calcule 42 × 2 = 84.\n</think>\n\n42 × 2 = 84.<|im_end|>"],
 }
 
 
-@pytest.mark.parametrize("family", sorted(ONE_ARCH_PER_FAMILY))
+@pytest.mark.parametrize("family", sorted(EXPECTED_ASSISTANT_TEXT))
 def test_chat_template_masks_exactly_the_assistant_tokens(family, standin):
     tokenizer = AutoTokenizer.from_pretrained(standin(ONE_ARCH_PER_FAMILY[family]))
     assert _assistant_spans(tokenizer, CONVERSATION) == EXPECTED_ASSISTANT_TEXT[family]

@@ -83,6 +83,28 @@ def kill_rank_while_writing_checkpoint(value: str) -> None:
     when_imported("torch.distributed.checkpoint.filesystem", patch)
 
 
+def kill_rank_after_checkpoint(value: str) -> None:
+    """The last rank is SIGKILLed once the checkpoint number `value` is sealed (nbhelpers.checkpoints.seal returned
+    on that rank: the manifest is written), e.g. right after the Trainer's first checkpoint with value 1."""
+    after = int(value)
+    sealed = 0
+
+    def patch(module):
+        seal = module.seal
+
+        def seal_then_die(folder, *args, **kwargs):
+            nonlocal sealed
+            result = seal(folder, *args, **kwargs)
+            sealed += 1
+            if sealed == after and _is_last_rank():
+                _die("kill_rank_after_checkpoint", checkpoint=sealed, path=str(folder))
+            return result
+
+        module.seal = seal_then_die
+
+    when_imported("nbhelpers.checkpoints", patch)
+
+
 def record_checkpoint_writers(value: str) -> None:
     """Each file Lightning's TorchCheckpointIO saves is recorded with the rank that saved it."""
     def patch(module):
@@ -132,7 +154,8 @@ def simulate_gpus(value: str) -> None:
 
 
 HOOKS = {hook.__name__: hook for hook in (kill_rank_after_optimizer_step, kill_rank_while_writing_checkpoint,
-                                          record_checkpoint_writers, count_started_processes, simulate_gpus)}
+                                          kill_rank_after_checkpoint, record_checkpoint_writers,
+                                          count_started_processes, simulate_gpus)}
 
 
 def parse(spec: str) -> dict:
