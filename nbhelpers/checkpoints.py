@@ -98,6 +98,8 @@ def seal(folder, metadata: dict | None = None, *, no_dist: bool = False) -> Path
 
 def _seal(folder: Path, metadata: dict | None, dist) -> None:
     text_of_metadata = json.dumps(metadata or {})  # not JSON: fail before any work
+    if dist is not None:
+        dist.barrier()  # every rank has written its files (an HF Trainer's rng_state_N.pth) before rank 0 lists them
     names = _on_rank0(dist, lambda: _files(folder))
     described = _each_rank_takes_a_share(dist, names, lambda name: _describe(folder / name, fsync=True))
     failed = {name: entry for name, entry in described.items() if "error" in entry}
