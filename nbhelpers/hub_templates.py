@@ -4,7 +4,7 @@ The files are in nbhelpers/chat_templates/; its README.md says where each copy c
 repositories it was compared with. A stand-in carries its model's template, so what the tests render is
 what users of the real model render. None of these templates marks the assistant's tokens with
 `{% generation %}`: with `assistant_only_loss=True` TRL swaps in its own marked copy where it has one
-(`trl.chat_template_utils.get_training_chat_template`: GPT-OSS, Qwen2.5, Qwen3) and refuses the others
+(`trl.chat_template_utils.get_training_chat_template`: GPT-OSS, Qwen2.5, Qwen3, Qwen3.5) and refuses the others
 (Llama 3.1 / 3.2), exactly as it does for the hub models.
 """
 from __future__ import annotations
@@ -21,6 +21,7 @@ FILES = {  # hub id -> its template in FOLDER
     "Qwen/Qwen3-8B": "qwen3.jinja",
     "Qwen/Qwen3-0.6B": "qwen3.jinja",
     "Qwen/Qwen2.5-3B": "qwen2_5.jinja",
+    "Qwen/Qwen3.5-27B": "qwen3_5.jinja",
 }
 
 

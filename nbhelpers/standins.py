@@ -71,61 +71,6 @@ OLMO3_TEMPLATE = r"""
 """
 
 
-# Qwen3.5: ChatML without a default system prompt; every message's content is trimmed. Assistant turns
-# after the last user turn always carry a <think> block (reasoning from `reasoning_content` or from a
-# <think> block inside the content, empty without either); earlier turns drop their reasoning. The
-# generation prompt opens a <think> block (the model thinks by default); `enable_thinking=False` gives it
-# empty and closed instead. The hub's Qwen/Qwen3.5-27B template behaves so for text (it also renders
-# tools, images and videos, which the stand-ins do not use); it could not be fetched here (no hub), so
-# this one is written from that behaviour, with TRL's `{% generation %}` marks.
-QWEN3_5_TEMPLATE = r"""
-{%- if messages[0]['role'] == 'system' %}
-    {{- '<|im_start|>system\n' + (messages[0]['content'] | trim) + '<|im_end|>\n' }}
-    {%- set loop_messages = messages[1:] %}
-{%- else %}
-    {%- set loop_messages = messages %}
-{%- endif %}
-{%- set ns = namespace(last_query=-1) %}
-{%- for message in loop_messages %}
-    {%- if message['role'] == 'user' %}
-        {%- set ns.last_query = loop.index0 %}
-    {%- endif %}
-{%- endfor %}
-{%- for message in loop_messages %}
-    {%- set content = message['content'] | trim %}
-    {%- if message['role'] == 'assistant' %}
-        {%- set reasoning = '' %}
-        {%- if message.reasoning_content is string %}
-            {%- set reasoning = message.reasoning_content %}
-        {%- elif '</think>' in content %}
-            {%- set reasoning = content.split('</think>')[0].split('<think>')[-1] %}
-            {%- set content = content.split('</think>')[-1].lstrip('\n') %}
-        {%- endif %}
-        {%- if loop.index0 > ns.last_query %}
-            {{- '<|im_start|>assistant\n<think>\n' }}
-            {%- generation %}
-            {{- (reasoning | trim) + '\n</think>\n\n' + content + '<|im_end|>' }}
-            {%- endgeneration %}
-        {%- else %}
-            {{- '<|im_start|>assistant\n' }}
-            {%- generation %}
-            {{- content + '<|im_end|>' }}
-            {%- endgeneration %}
-        {%- endif %}
-        {{- '\n' }}
-    {%- else %}
-        {{- '<|im_start|>' + message['role'] + '\n' + content + '<|im_end|>\n' }}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|im_start|>assistant\n' }}
-    {%- if enable_thinking is defined and enable_thinking is false %}
-        {{- '<think>\n\n</think>\n\n' }}
-    {%- else %}
-        {{- '<think>\n' }}
-    {%- endif %}
-{%- endif %}
-"""
 
 
 @dataclass(frozen=True)
@@ -147,7 +92,7 @@ FAMILIES = {
     "qwen3": Family(("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
                     added_tokens=("<tool_call>", "</tool_call>", "<think>", "</think>")),
     "olmo3": Family(("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"), OLMO3_TEMPLATE),
-    "qwen3.5": Family(("<|endoftext|>", "<|im_start|>", "<|im_end|>"), QWEN3_5_TEMPLATE,
+    "qwen3.5": Family(("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
                       added_tokens=("<tool_call>", "</tool_call>", "<think>", "</think>")),
 }
 

@@ -12,7 +12,8 @@ from nbhelpers import hub_templates, standins
 
 TRL_COPIES = Path(trl.__file__).parent / "chat_templates"
 COPIED_FROM = {"gpt_oss.jinja": "gptoss.jinja", "llama_3_2.jinja": "llama3_2.jinja", "llama_3_1.jinja": "llama3_1.jinja",
-               "qwen3.jinja": "qwen3.jinja", "qwen2_5.jinja": "qwen2_5.jinja"}
+               "qwen3.jinja": "qwen3.jinja", "qwen2_5.jinja": "qwen2_5.jinja",
+               "qwen3_5.jinja": "qwen3_5_think.jinja"}  # Qwen3.5-4B and larger think by default (TRL's README)
 WITH_HUB_TEMPLATE = [arch for arch, spec in standins.ARCHS.items() if spec.hub_id in hub_templates.FILES]
 
 
@@ -30,7 +31,7 @@ def test_standin_carries_its_hub_models_template_byte_for_byte(arch, standin):
     assert "{% generation %}" not in loaded and "{%- generation %}" not in loaded
 
 
-@pytest.mark.parametrize("arch", ["gpt-oss-20b", "qwen3-8b", "qwen2.5-3b"])
+@pytest.mark.parametrize("arch", ["gpt-oss-20b", "qwen3-8b", "qwen2.5-3b", "qwen3.5-27b"])
 def test_trl_swaps_in_its_training_template_for_assistant_only_loss(arch, standin):
     tokenizer = AutoTokenizer.from_pretrained(standin(arch))
     training = get_training_chat_template(tokenizer)

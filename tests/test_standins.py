@@ -94,8 +94,6 @@ CONVERSATION = [
 # written in standins.py; the others carry their hub template (tests/test_chat_templates.py).
 EXPECTED_ASSISTANT_TEXT = {
     "olmo3": ["12 + 30 = 42.<|im_end|>", "42 × 2 = 84.<|im_end|>"],
-    # the generation prompt opens the <think> block, so the assistant writes from inside it
-    "qwen3.5": ["12 + 30 = 42.<|im_end|>", "Je calcule 42 × 2 = 84.\n</think>\n\n42 × 2 = 84.<|im_end|>"],
 }
 
 
