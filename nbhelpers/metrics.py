@@ -53,6 +53,25 @@ def mlflow_tracking_uri(output_dir, tracking_uri: str = "") -> str:
     return tracking_uri or f"sqlite:///{Path(output_dir).resolve().parent / 'mlflow.db'}"
 
 
+def mlflow_experiment(name: str, tracking_uri: str) -> str:
+    """Precondition: `tracking_uri` as mlflow_tracking_uri() returns it. Make `name` this process's MLflow experiment.
+
+    A new experiment in a local SQLite store keeps its artifacts (models, plots) beside the store, in
+    `mlartifacts/`: MLflow's default, `./mlruns`, would land wherever the notebook runs. Returns its id.
+    """
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri)
+    if mlflow.get_experiment_by_name(name) is None:
+        store = Path(tracking_uri.removeprefix("sqlite:///")) if tracking_uri.startswith("sqlite:///") else None
+        artifacts = (store.parent / "mlartifacts").as_uri() if store else None
+        try:
+            mlflow.create_experiment(name, artifact_location=artifacts)
+        except mlflow.exceptions.MlflowException:  # another process created it meanwhile
+            pass
+    return mlflow.set_experiment(name).experiment_id
+
+
 def write_metrics(output_dir, results=None, /, **metrics) -> Path:
     """Write `output_dir/metrics.json` (atomically): the metrics, the ranks' results and the environment.
 
