@@ -57,7 +57,7 @@ quickstart: setup
 	@echo
 	@echo "Executed notebooks: $(abspath $(RUNS))/00_getting_started.ipynb $(abspath $(RUNS))/ddp_mlp.ipynb"
 	@echo "Metrics:            $(abspath $(RUNS))/getting_started/metrics.json $(abspath $(RUNS))/ddp_mlp/metrics.json"
-	@echo "Loss plot:          $(abspath $(RUNS))/ddp_mlp/loss.png   MLflow store: $(abspath $(RUNS))/ddp_mlp/mlflow.db"
+	@echo "Loss plot:          $(abspath $(RUNS))/ddp_mlp/loss.png   MLflow store: $(abspath $(RUNS))/mlflow.db"
 
 test: setup setup-axolotl
 	HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 AXOLOTL_DO_NOT_TRACK=1 RAY_USAGE_STATS_ENABLED=0 \
