@@ -19,10 +19,6 @@ RECIPES = sorted(p.name for p in (REPO / "recipes").iterdir() if (p / "train.py"
 # to fail (strict: once one passes, the test fails until its name is taken out of the set).
 NOT_YET_CONVERTED = {
     "notebooks/axolotl/ddp_olmo3_7b.ipynb",
-    "notebooks/choose_your_technique.ipynb",
-    "notebooks/lightning/ddp_two_tower.ipynb",
-    "notebooks/pytorch/ddp_retinanet.ipynb",
-    "notebooks/pytorch/fsdp2_transformer.ipynb",
     "notebooks/trl/ddp_gpt_oss_20b.ipynb",
     "notebooks/trl/deepspeed_llama_3_2_1b.ipynb",
     "notebooks/trl/fsdp_gpt_oss_120b.ipynb",

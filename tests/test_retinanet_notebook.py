@@ -7,7 +7,7 @@ import papermill
 import pytest
 
 from harness import check_expectations, output_text, run_notebook
-from notebook_cases import NotebookCase
+from notebook_cases import LOADABLE_MLFLOW_MODEL, NotebookCase
 
 NOTEBOOK = "notebooks/pytorch/ddp_retinanet.ipynb"
 ONE_RANK = {"output_dir": "{output_dir}", "num_gpus": 1, "dataset_name": "{dataset:detection}", "min_size": 64,
@@ -19,8 +19,7 @@ EXPECT = {
     "eval_images_scored": ("==", 2),
     "mlflow.params.per_device_train_batch_size": ("==", "2"),
     "mlflow.metrics.images_per_s": (">", 0),
-    "mlflow.models.model.has_signature": ("==", True),
-    "mlflow.models.model.loads": ("==", True),
+    **LOADABLE_MLFLOW_MODEL,
 }
 
 pytestmark = pytest.mark.notebook
