@@ -1,20 +1,24 @@
 """The Lightning DDP notebook on 2 CPU processes: Lightning joins the ranks @distributed started (and starts none),
 only rank 0 writes checkpoints, the ranks agree on the metrics; a run killed after its first checkpoint, rerun
-with the same command, resumes and reaches the same final loss as the uninterrupted run; a ratings file that is
-not there and a download that stalls fail early, saying what to do.
+with the same command, resumes and reaches the same final loss as the uninterrupted run, and one resumed from a
+checkpoint whose weights were saved broken stops at its first loss; a ratings file that is not there and a
+download that stalls fail early, saying what to do.
 
 Which rank wrote which file and which processes were started come from test hooks (tests/hooks), not from the
 notebook. The one-rank run is a case in notebook_cases.py.
 """
 import math
+import shutil
 import socket
 from pathlib import Path
 
 import pandas as pd
 import papermill
 import pytest
+import torch
 
 from harness import REPO, check_expectations, output_text, run_notebook
+from nbhelpers import checkpoints
 from notebook_cases import LOADABLE_MLFLOW_MODEL, NotebookCase
 
 NOTEBOOK = "notebooks/lightning/ddp_two_tower.ipynb"
@@ -78,18 +82,37 @@ def test_two_ranks_train_and_only_rank_0_writes_checkpoints(uninterrupted):
     assert not python_started_by_ranks, f"Lightning relaunched the ranks: {python_started_by_ranks}"
 
 
-def test_run_killed_after_its_first_checkpoint_resumes_to_the_same_final_loss(tmp_path, uninterrupted):
-    first_step_of_epoch_2 = steps_per_epoch() + 1
+@pytest.fixture(scope="module")
+def killed_after_epoch_1(tmp_path_factory):
+    """The checkpoints of a run whose last rank was killed in its second epoch: the first epoch's."""
+    workdir = tmp_path_factory.mktemp("killed")
     with pytest.raises(papermill.PapermillExecutionError, match="SIGKILL"):
-        run(tmp_path, hooks=(f"kill_rank_after_optimizer_step={first_step_of_epoch_2}",))
-    saved = sorted(p.name for p in (tmp_path / "output" / "checkpoints").iterdir())
-    assert f"epoch=0-step={first_step_of_epoch_2 - 1}.ckpt" in saved, saved
+        run(workdir, hooks=(f"kill_rank_after_optimizer_step={steps_per_epoch() + 1}",))
+    return workdir / "output" / "checkpoints"
+
+
+def test_run_killed_after_its_first_checkpoint_resumes_to_the_same_final_loss(tmp_path, uninterrupted,
+                                                                              killed_after_epoch_1):
+    first = f"epoch=0-step={steps_per_epoch()}.ckpt"
+    assert first in sorted(p.name for p in killed_after_epoch_1.iterdir())
+    checkpoint_dir = shutil.copytree(killed_after_epoch_1, tmp_path / "output" / "checkpoints")
 
     _, resumed, text = run(tmp_path)  # the same command again
-    assert f"resuming from {tmp_path / 'output' / 'checkpoints'}/epoch=0-step=" in text
-    assert resumed["resumed_from"].endswith(f"epoch=0-step={first_step_of_epoch_2 - 1}.ckpt")
+    assert f"resuming from {checkpoint_dir / first}" in text
+    assert resumed["resumed_from"] == str(checkpoint_dir / first)
     assert resumed["final_loss"] == uninterrupted[1]["final_loss"]
     assert resumed["losses"] == uninterrupted[1]["losses"], "every epoch's loss, as in the uninterrupted run"
+
+
+def test_a_checkpoint_saved_with_broken_weights_stops_the_resumed_run_at_its_first_loss(tmp_path, killed_after_epoch_1):
+    folder = shutil.copytree(killed_after_epoch_1, tmp_path / "output" / "checkpoints") / \
+        f"epoch=0-step={steps_per_epoch()}.ckpt"
+    saved = torch.load(folder / "checkpoint.pt", weights_only=False)
+    saved["state_dict"]["user_tower.embedding.weight"].fill_(float("nan"))
+    torch.save(saved, folder / "checkpoint.pt")
+    checkpoints.seal(folder)  # its checksums match: broken before it was sealed
+    with pytest.raises(papermill.PapermillExecutionError, match=r"the first loss after resuming from \S*epoch=0-step"):
+        run(tmp_path)
 
 
 def test_a_ratings_file_that_is_not_there_is_an_error_naming_it(tmp_path):
