@@ -5,7 +5,8 @@ were already broken when it was saved stops the run at its first loss.
 
 Each scenario runs the notebook with papermill (2 CPU processes, gloo, deterministic) on a small Transformer:
 12 steps, a checkpoint every 4, the newest 2 kept. The crashes are real: test hooks (tests/hooks) SIGKILL the
-last rank after an optimizer step or inside a checkpoint write, so no clean-up code runs. Damaged checkpoints
+last rank after an optimizer step or inside a checkpoint write, so no clean-up code runs; the hooks' records
+show that they did (which rank the launcher's error blames is the launcher's tests' concern). Damaged checkpoints
 are copies of those two runs' checkpoints, damaged as a disk or a user would: 256 bytes of one weight
 overwritten, a shard cut in half.
 """
@@ -15,7 +16,7 @@ import papermill
 import pytest
 from torch.distributed.checkpoint import FileSystemReader
 
-from harness import output_text, run_notebook
+from harness import hook_records, output_text, run_notebook
 from nbhelpers import checkpoints
 from notebook_cases import NotebookCase
 
@@ -49,6 +50,16 @@ def fails(workdir, store, match, hooks=()):
         run(workdir, store, hooks)
 
 
+def killed(workdir, store, hook):
+    """Run with test hook `hook` (name=value); it must have killed the last rank (rank 1), which stops the run."""
+    with pytest.raises(papermill.PapermillExecutionError):
+        run(workdir, store, hooks=(hook,))
+    name, value = hook.split("=")
+    records = hook_records(workdir, name)
+    assert [r["rank"] for r in records] == [1], f"{hook} should have killed rank 1 once: {records}"
+    return records[0]
+
+
 def complete(checkpoint_dir):
     return sorted((p.name for p in checkpoint_dir.iterdir() if not p.name.endswith(".tmp")), key=lambda n: int(n[5:]))
 
@@ -80,7 +91,7 @@ def uninterrupted(tmp_path_factory, store):
 def killed_after_step_6(tmp_path_factory, store):
     """The checkpoints of a run whose last rank was killed right after step 6: step_4 only."""
     workdir = tmp_path_factory.mktemp("killed")
-    fails(workdir, store, "SIGKILL", hooks=("kill_rank_after_optimizer_step=6",))
+    assert killed(workdir, store, "kill_rank_after_optimizer_step=6")["step"] == 6
     assert complete(workdir / "output" / "checkpoints") == ["step_4"], "it should have died after its step-4 checkpoint"
     return workdir / "output" / "checkpoints"
 
@@ -94,7 +105,8 @@ def test_killed_run_resumes_to_the_same_losses(tmp_path, store, uninterrupted, k
 
 def test_checkpoint_cut_short_by_a_crash_is_never_resumed_from(tmp_path, store, uninterrupted):
     checkpoint_dir = tmp_path / "output" / "checkpoints"
-    fails(tmp_path, store, "SIGKILL", hooks=("kill_rank_while_writing_checkpoint=2",))  # the step-8 save
+    record = killed(tmp_path, store, "kill_rank_while_writing_checkpoint=2")  # the second save: step 8
+    assert record["path"].endswith("step_8.tmp"), record
     partial = checkpoint_dir / "step_8.tmp"
     assert partial.is_dir(), "the crash should have left the step-8 checkpoint half written"
     assert not (partial / ".metadata").exists(), "the crash should have come before the save finished"
