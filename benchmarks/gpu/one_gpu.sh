@@ -41,12 +41,13 @@ fi
 
 "$PYTHON" - <<'PY' | tee "$out/environment.txt"
 import importlib.util, sys
-missing = [m for m in ("torch", "torchvision", "pycocotools", "mlflow", "sqlalchemy", "alembic", "lightning",
-                       "torchmetrics", "pandas", "matplotlib", "papermill", "ipykernel", "transformers")
-           if importlib.util.find_spec(m) is None]
-if missing:
-    sys.exit(f"one_gpu.sh: not importable here: {missing}. Carry them (shared/device/pack-site.sh notebook, "
+def missing(names):
+    return [name for name in names if importlib.util.find_spec(name) is None]
+if missing(needed := ("torch", "mlflow", "sqlalchemy", "alembic", "matplotlib", "papermill", "ipykernel")):
+    sys.exit(f"one_gpu.sh: not importable here: {missing(needed)}. Carry them (shared/device/pack-site.sh notebook, "
              "benchmarks/gpu/pack-extra.sh) and put them on PYTHONPATH.")
+if missing(wanted := ("torchvision", "pycocotools", "lightning", "torchmetrics", "pandas", "transformers")):
+    print(f"one_gpu.sh: not importable here: {missing(wanted)}; the notebooks that need them will fail, the rest run")
 import torch
 print("gpus", torch.cuda.device_count(), [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())])
 print("nvidia-ml-py (MLflow's GPU system metrics):", importlib.util.find_spec("pynvml") is not None)
