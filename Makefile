@@ -57,7 +57,7 @@ quickstart: setup
 	@echo
 	@echo "Executed notebooks: $(abspath $(RUNS))/00_getting_started.ipynb $(abspath $(RUNS))/ddp_mlp.ipynb"
 	@echo "Metrics:            $(abspath $(RUNS))/getting_started/metrics.json $(abspath $(RUNS))/ddp_mlp/metrics.json"
-	@echo "Loss plot:          $(abspath $(RUNS))/ddp_mlp/loss.png   MLflow store: $(abspath $(RUNS))/ddp_mlp/mlflow.db"
+	@echo "Loss plot:          $(abspath $(RUNS))/ddp_mlp/loss.png   MLflow store: $(abspath $(RUNS))/mlflow.db"
 
 # The tests run hermetically: a fresh, empty TMPDIR and HOME (caches, Ray's and Jupyter's runtime files),
 # removed afterwards, so what an earlier run left on the machine (e.g. /tmp/ray) can neither make them pass

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from nbhelpers import runtime
 from nbhelpers.flops import flops_per_token, matmul_parameters
-from nbhelpers.metrics import mlflow_tracking_uri
+from nbhelpers.metrics import mlflow_experiment, mlflow_tracking_uri
 
 
 ALPACA_PROMPT_WITH_INPUT = (
@@ -256,17 +256,7 @@ def mlflow_run(experiment: str, output_dir: str | Path, tracking_uri: str | None
         return
     import mlflow
 
-    uri = mlflow_tracking_uri(output_dir, tracking_uri or "")
-    mlflow.set_tracking_uri(uri)
-    if mlflow.get_experiment_by_name(experiment) is None:
-        local = uri.startswith("sqlite:///") and Path(uri[len("sqlite:///"):]).parent
-        if local:
-            local.mkdir(parents=True, exist_ok=True)
-        try:
-            mlflow.create_experiment(experiment, artifact_location=(local / "mlartifacts").as_uri() if local else None)
-        except mlflow.exceptions.MlflowException:  # another run of the project created it first
-            pass
-    mlflow.set_experiment(experiment)
+    mlflow_experiment(experiment, mlflow_tracking_uri(output_dir, tracking_uri or ""))
     with mlflow.start_run(run_name=Path(output_dir).name, log_system_metrics=True):
         mlflow.log_params({key: value for key, value in params.items() if key != "config"})
         yield mlflow

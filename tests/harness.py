@@ -100,7 +100,40 @@ def run_notebook(case, workdir: Path, standin=None):
             records = hook_records(workdir, name)
             ranks = sorted({r["rank"] for r in records if r["rank"] is not None})
             metrics["hooks"][name] = {"count": len(records), "ranks": ranks, "records": records}
+    if any(name.startswith("mlflow.") for name in case.expect):  # e.g. "mlflow.models.model.loads"
+        metrics["mlflow"] = mlflow_store(metrics["mlflow_tracking_uri"])
     return metrics, nbformat.read(executed, as_version=4)
+
+
+def mlflow_store(tracking_uri: str) -> dict:
+    """What the newest finished run in the MLflow store at `tracking_uri` holds: its params (strings, as MLflow keeps
+    them), its metrics (last values), and each model logged from it, by name: its flavors, whether it has a
+    signature, whether its flavor's load_model loads it and (PyTorch models with an input example) it predicts."""
+    import mlflow
+    from mlflow.models import Model
+
+    client = mlflow.MlflowClient(tracking_uri)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    runs = client.search_runs(experiments, "attributes.status = 'FINISHED'", order_by=["attributes.start_time DESC"],
+                              max_results=1)
+    if not runs:
+        return {"runs": 0}
+    run, models = runs[0], {}
+    mlflow.set_tracking_uri(tracking_uri)
+    for logged in mlflow.search_logged_models(experiment_ids=experiments, output_format="list",
+                                              filter_string=f"source_run_id = '{run.info.run_id}'"):
+        info = Model.load(logged.model_uri)
+        flavor = next(f for f in info.flavors if f != "python_function")
+        loaded = importlib.import_module(f"mlflow.{flavor}").load_model(logged.model_uri)
+        predicts = None
+        if flavor == "pytorch" and info.saved_input_example_info:
+            import torch
+
+            predicts = loaded(torch.as_tensor(info.load_input_example())) is not None
+        models[logged.name] = {"flavors": sorted(info.flavors), "has_signature": info.signature is not None,
+                               "loads": loaded is not None, "predicts": predicts}
+    return {"runs": len(client.search_runs(experiments)), "params": run.data.params, "metrics": run.data.metrics,
+            "models": models}
 
 
 def _hook_module():

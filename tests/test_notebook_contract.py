@@ -19,10 +19,6 @@ RECIPES = sorted(p.name for p in (REPO / "recipes").iterdir() if (p / "train.py"
 # to fail (strict: once one passes, the test fails until its name is taken out of the set).
 NOT_YET_CONVERTED = {
     "notebooks/axolotl/ddp_olmo3_7b.ipynb",
-    "notebooks/choose_your_technique.ipynb",
-    "notebooks/lightning/ddp_two_tower.ipynb",
-    "notebooks/pytorch/ddp_retinanet.ipynb",
-    "notebooks/pytorch/fsdp2_transformer.ipynb",
     "notebooks/unsloth/ddp_llama_3_2_3b.ipynb",
 }
 NOT_YET_RENAMED_RECIPES: set = set()
