@@ -28,6 +28,12 @@ run_topic() {  # NAME LIMIT DELAY: run one topic, log it, record when it ran and
   printf '%s\trc=%s\tstarted=%s\tended=%s\t%s s\n' "$name" "$rc" "$(date -u -d @"$started" +%T)" "$(date -u +%T)" \
     "$(( $(date +%s) - started ))" | tee -a "$RESULTS/topics.tsv"
   tail -n 15 "$RESULTS/$name.log" | sed "s/^/  [$name] /"
+  pack_results
+}
+pack_results() {  # after each topic, so a call cut short keeps what finished; figures, logs and executed notebooks
+  # only (the runs' saved models and checkpoints are GBs, more than a call brings back)
+  (flock 9; cd /tmp && find results -type f -size -4M ! -name '*.safetensors' ! -name '*.bin' ! -name '*.pt' \
+     ! -name '*.distcp' | tar czf "$OUT/results.tgz.part" -T - && mv "$OUT/results.tgz.part" "$OUT/results.tgz") 9> /tmp/results.lock
 }
 for group in "$@"; do
   IFS=+ read -ra topics <<< "$group"
@@ -39,8 +45,5 @@ for group in "$@"; do
   done
   wait
   [ ${#topics[@]} -gt 1 ] && echo "at the same time on one GPU: ${topics[*]}" >> "$RESULTS/topics.tsv"
-  # after each group, so a timeout keeps what finished; figures, logs and executed notebooks only (the
-  # runs' saved models and checkpoints are GBs, more than a call brings back)
-  (cd /tmp && find results -type f -size -4M ! -name '*.safetensors' ! -name '*.bin' ! -name '*.pt' \
-     ! -name '*.distcp' | tar czf "$OUT/results.tgz" -T -)
+  pack_results
 done
