@@ -6,6 +6,10 @@ VENV ?= .venv
 # On a GPU machine pick your CUDA build, e.g. make setup TORCH="torch==2.11.0 torchvision==0.26.0"
 TORCH ?= torch==2.14.1 torchvision==0.29.1
 EXTRAS ?= all
+# The quickstart's two notebooks need torch, the package itself and papermill (the `dev` extra): no torchvision,
+# no Hugging Face stack. torch 2.13.0 is the CPU build on the CI machine's disk (about 0.9 GB installed).
+QUICKSTART_TORCH ?= torch==2.13.0
+QUICKSTART_EXTRAS ?= dev
 # Axolotl has an environment of its own (environments/axolotl/requirements.txt says why); axolotl 0.19 takes
 # torch 2.11 to 2.13. CI uses 2.13.0 (the CPU build on its disk); on GPUs e.g. AXOLOTL_TORCH=torch==2.11.0
 AXOLOTL_VENV ?= .venv-axolotl
@@ -24,23 +28,29 @@ define need_free_gb
 	fi
 endef
 
-.PHONY: setup setup-axolotl quickstart test
-setup: $(VENV)/.installed
+# The torch pin for a set of extras: the quickstart's light one unless TORCH is given on the command line.
+torch_for = $(if $(and $(filter $(QUICKSTART_EXTRAS),$(1)),$(filter-out command line,$(origin TORCH))),$(QUICKSTART_TORCH),$(TORCH))
+# The quickstart runs in a venv that already has everything (after `make test`) without touching it.
+QUICKSTART_STAMP = $(if $(wildcard $(VENV)/.installed-all),$(VENV)/.installed-all,$(VENV)/.installed-$(QUICKSTART_EXTRAS))
 
-$(VENV)/.installed: pyproject.toml Makefile
-	$(call need_free_gb,$(VENV),9,VENV)
+.PHONY: setup setup-axolotl quickstart test
+# One stamp per set of extras: `make quickstart` (dev) and then `make test` (all) installs the rest.
+setup: $(VENV)/.installed-$(EXTRAS)
+
+$(VENV)/.installed-%: pyproject.toml Makefile
+	$(call need_free_gb,$(VENV),$(if $(filter dev,$*),2,9),VENV)
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip
-	$(VENV)/bin/python -m pip install -q $(TORCH)
-	echo "$(TORCH)" | tr ' ' '\n' > $(VENV)/torch-pin.txt
-	$(VENV)/bin/python -m pip install -q -c $(VENV)/torch-pin.txt -e ".[$(EXTRAS)]"
+	$(VENV)/bin/python -m pip install -q $(call torch_for,$*)
+	echo "$(call torch_for,$*)" | tr ' ' '\n' > $(VENV)/torch-pin.txt
+	$(VENV)/bin/python -m pip install -q -c $(VENV)/torch-pin.txt -e ".[$*]"
 	touch $@
 
 # The notebook kernel `cookbook-axolotl` runs in .venv-axolotl; its spec goes into .venv, where papermill
 # and Jupyter look for kernels.
 setup-axolotl: $(AXOLOTL_VENV)/.installed
 
-$(AXOLOTL_VENV)/.installed: environments/axolotl/requirements.txt pyproject.toml Makefile $(VENV)/.installed
+$(AXOLOTL_VENV)/.installed: environments/axolotl/requirements.txt pyproject.toml Makefile $(VENV)/.installed-$(EXTRAS)
 	$(call need_free_gb,$(AXOLOTL_VENV),6,AXOLOTL_VENV)
 	test -x $(AXOLOTL_VENV)/bin/python || $(PYTHON) -m venv $(AXOLOTL_VENV)
 	$(AXOLOTL_VENV)/bin/python -m pip install -q --upgrade pip
@@ -50,15 +60,23 @@ $(AXOLOTL_VENV)/.installed: environments/axolotl/requirements.txt pyproject.toml
 	$(AXOLOTL_VENV)/bin/python -m ipykernel install --prefix $(abspath $(VENV)) --name cookbook-axolotl --display-name "Python (cookbook-axolotl)"
 	touch $@
 
-quickstart: setup
+quickstart: $(QUICKSTART_STAMP)
 	mkdir -p $(RUNS)
 	$(PAPERMILL) notebooks/00_getting_started.ipynb $(RUNS)/00_getting_started.ipynb -p output_dir $(abspath $(RUNS))/getting_started
 	$(PAPERMILL) notebooks/pytorch/ddp_mlp.ipynb $(RUNS)/ddp_mlp.ipynb -p output_dir $(abspath $(RUNS))/ddp_mlp
 	@echo
 	@echo "Executed notebooks: $(abspath $(RUNS))/00_getting_started.ipynb $(abspath $(RUNS))/ddp_mlp.ipynb"
 	@echo "Metrics:            $(abspath $(RUNS))/getting_started/metrics.json $(abspath $(RUNS))/ddp_mlp/metrics.json"
-	@echo "Loss plot:          $(abspath $(RUNS))/ddp_mlp/loss.png   MLflow store: $(abspath $(RUNS))/ddp_mlp/mlflow.db"
+	@echo "Loss plot:          $(abspath $(RUNS))/ddp_mlp/loss.png   MLflow store: $(abspath $(RUNS))/mlflow.db"
 
+# The tests run hermetically: a fresh, empty TMPDIR and HOME (caches, Ray's and Jupyter's runtime files),
+# removed afterwards, so what an earlier run left on the machine (e.g. /tmp/ray) can neither make them pass
+# nor fail. The installs above keep the real HOME (pip's configuration, e.g. a local index, lives there).
+# PYTEST_ARGS picks tests, e.g. make test PYTEST_ARGS="tests/test_distributed.py -x".
+PYTEST_ARGS ?=
 test: setup setup-axolotl
+	@scratch=$$(mktemp -d "$${TMPDIR:-/tmp}/cookbook-test.XXXXXX") && trap 'rm -rf "$$scratch"' EXIT && \
+	mkdir "$$scratch/tmp" "$$scratch/home" && echo "make test: TMPDIR and HOME are fresh folders in $$scratch" && \
+	TMPDIR="$$scratch/tmp" HOME="$$scratch/home" \
 	HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 AXOLOTL_DO_NOT_TRACK=1 RAY_USAGE_STATS_ENABLED=0 \
-		$(VENV)/bin/python -m pytest
+		$(abspath $(VENV))/bin/python -m pytest $(PYTEST_ARGS)

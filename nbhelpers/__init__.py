@@ -2,7 +2,7 @@
 from nbhelpers.after_import import when_imported
 from nbhelpers.launcher import DistributedError, distributed
 from nbhelpers.params import read_parameters
-from nbhelpers.runtime import backend, device, get_local_rank, get_rank, get_world_size, is_main_process, print0
+from nbhelpers.runtime import backend, device, get_rank, get_world_size
 
 __all__ = [
     "distributed",
@@ -11,10 +11,7 @@ __all__ = [
     "backend",
     "device",
     "get_rank",
-    "get_local_rank",
     "get_world_size",
-    "is_main_process",
-    "print0",
 ]
 
 # Without GPUs, TRL, accelerate and DeepSpeed get their CPU fixes as they are imported, in this process and in

@@ -1,20 +1,23 @@
-"""What runs inside each rank of `@distributed`.
+"""What runs inside each rank of the local engine (nbhelpers.local_engine).
 
-The launcher's fork server imports this module (and with it torch) once, never touching CUDA, so a
-rank forked from it starts warm and may still use CUDA. Nothing here runs in the notebook's process.
+The engine's fork server imports this module (and with it torch) once, never touching CUDA, so a rank
+forked from it starts warm and may still use CUDA. Only `loopback_rendezvous` also serves plain calls
+in the notebook's process.
 """
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import multiprocessing
 import os
 import signal
+import socket
 import sys
 import threading
-import traceback
 
-import cloudpickle
-import torch  # noqa: F401  imported here so that every fork of the server has it already
+import torch  # imported here so that every fork of the server has it already
+
+from nbhelpers.launch_contract import run_call
 
 
 def _die_with_launcher(lifeline_fd: int) -> None:
@@ -24,15 +27,47 @@ def _die_with_launcher(lifeline_fd: int) -> None:
     os.killpg(0, signal.SIGKILL)
 
 
-def _to_cpu(obj):
-    if isinstance(obj, torch.Tensor):
-        full_tensor = getattr(obj, "full_tensor", None)  # a DTensor comes back whole
-        return (full_tensor() if callable(full_tensor) else obj).detach().cpu()
-    if isinstance(obj, dict):
-        return type(obj)((k, _to_cpu(v)) for k, v in obj.items())
-    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
-        return type(obj)(_to_cpu(v) for v in obj)
-    return obj
+@contextlib.contextmanager
+def loopback_rendezvous():
+    """While inside: the TCPStore that rank 0 serves for `init_process_group` (env:// or tcp:// on
+    127.0.0.1) listens on 127.0.0.1 only. torch's own listens on every interface and has no setting for
+    it, so its store factory is wrapped to hand the store a socket bound to loopback (TCPStore's
+    `master_listen_fd`). Each init still gets a fresh store, as without the wrapper.
+    """
+    import importlib
+
+    from torch.distributed import TCPStore
+
+    rendezvous = importlib.import_module("torch.distributed.rendezvous")  # the attribute is a function of that name
+    create = getattr(rendezvous, "_create_c10d_store", None)
+    if create is None:  # a torch without it: its own store, on every interface (a test says so)
+        yield
+        return
+
+    def create_on_loopback(hostname, port, rank, world_size, timeout, use_libuv=True):
+        if rank != 0 or hostname not in ("127.0.0.1", "localhost") or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            return create(hostname, port, rank, world_size, timeout, use_libuv)
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's own: a re-init reuses the port
+            listener.bind(("127.0.0.1", port))
+            listener.listen(1024)
+        except OSError:  # the port is served in this process already (multi-tenant): torch reuses that server
+            listener.close()
+            return create(hostname, port, rank, world_size, timeout, use_libuv)
+        fd = listener.detach()  # the store owns the socket from here on
+        try:
+            return TCPStore(hostname, port, world_size, True, timeout, multi_tenant=True, master_listen_fd=fd,
+                            use_libuv=use_libuv)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    rendezvous._create_c10d_store = create_on_loopback
+    try:
+        yield
+    finally:
+        rendezvous._create_c10d_store = create
 
 
 def run_rank(rank, payload, environ, cwd, sys_path, threads, stdout, stderr, results, lifeline, stack_file):
@@ -57,20 +92,10 @@ def run_rank(rank, payload, environ, cwd, sys_path, threads, stdout, stderr, res
     sys.path[:] = sys_path
     torch.set_num_threads(threads)
 
-    try:
-        fn, args, kwargs = cloudpickle.loads(payload)
-        result = _to_cpu(fn(*args, **kwargs))
-        try:
-            message = cloudpickle.dumps(("ok", result))
-        except Exception as exc:
-            raise TypeError(f"the return value of rank {rank} cannot be pickled: {exc}") from exc
-    except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the launcher must hear of it
-        text = traceback.format_exc()
-        message = cloudpickle.dumps(("error", f"{type(exc).__name__}: {exc}", text))
-        results.send_bytes(message)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        sys.exit(1)
+    with loopback_rendezvous():
+        ok, message = run_call(rank, payload)
     results.send_bytes(message)
     sys.stdout.flush()
     sys.stderr.flush()
+    if not ok:
+        sys.exit(1)

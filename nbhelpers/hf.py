@@ -111,10 +111,10 @@ def start_mlflow_run(args, experiment: str) -> str:
     """
     import mlflow
 
-    from nbhelpers.metrics import set_mlflow_experiment
+    from nbhelpers.metrics import mlflow_experiment
 
     os.environ.pop("MLFLOW_RUN_ID", None)  # a second run of the notebook in this kernel starts a new MLflow run
-    set_mlflow_experiment(experiment, args.mlflow_tracking_uri)
+    mlflow_experiment(experiment, args.mlflow_tracking_uri)
     with mlflow.start_run(run_name=Path(args.output_dir).name) as run:
         mlflow.log_params({f"notebook.{name}": value for name, value in vars(args).items()})
     os.environ.update(MLFLOW_TRACKING_URI=args.mlflow_tracking_uri, MLFLOW_RUN_ID=run.info.run_id,

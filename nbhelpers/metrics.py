@@ -53,18 +53,25 @@ def mlflow_tracking_uri(output_dir, tracking_uri: str = "") -> str:
     return tracking_uri or f"sqlite:///{Path(output_dir).resolve().parent / 'mlflow.db'}"
 
 
-def set_mlflow_experiment(experiment: str, tracking_uri: str) -> None:
-    """Point MLflow at `tracking_uri` and `experiment` (created if new). A local SQLite store keeps the models and
-    files runs log beside it, in `mlartifacts/` (MLflow's default would be ./mlruns in the current folder)."""
+def mlflow_experiment(name: str, tracking_uri: str) -> str:
+    """Precondition: `tracking_uri` as mlflow_tracking_uri() returns it. Make `name` this process's MLflow experiment.
+
+    A new experiment in a local SQLite store keeps its artifacts (models, plots) beside the store, in
+    `mlartifacts/`: MLflow's default, `./mlruns`, would land wherever the notebook runs. Returns its id.
+    """
     import mlflow
 
     mlflow.set_tracking_uri(tracking_uri)
-    if mlflow.get_experiment_by_name(experiment) is None:
-        store = Path(tracking_uri.removeprefix("sqlite:///")).parent if tracking_uri.startswith("sqlite:///") else None
+    if mlflow.get_experiment_by_name(name) is None:
+        store = Path(tracking_uri.removeprefix("sqlite:///")) if tracking_uri.startswith("sqlite:///") else None
         if store is not None:
-            store.mkdir(parents=True, exist_ok=True)
-        mlflow.create_experiment(experiment, artifact_location=(store / "mlartifacts").as_uri() if store else None)
-    mlflow.set_experiment(experiment)
+            store.parent.mkdir(parents=True, exist_ok=True)
+        artifacts = (store.parent / "mlartifacts").as_uri() if store else None
+        try:
+            mlflow.create_experiment(name, artifact_location=artifacts)
+        except mlflow.exceptions.MlflowException:  # another process created it meanwhile
+            pass
+    return mlflow.set_experiment(name).experiment_id
 
 
 def write_metrics(output_dir, results=None, /, **metrics) -> Path:

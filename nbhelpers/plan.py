@@ -3,7 +3,10 @@
     from nbhelpers.plan import plan
     plan("llama-3.1-8b", gpus=8, gpu_memory_gib=79.6, seq_len=2048, micro_batch=1)
     plan("gpt-oss-120b", gpus=8, gpu_memory_gib=140.4, lora_rank=16)   # MoE: every expert counted
+    plan("qwen3.5-27b", gpus=8, gpu_memory_gib=140.4, seq_len=4096, checkpointing=True)  # hybrid linear attention
+    plan("olmo-3-7b", gpus=1, lora_rank=16, quantization="nf4")                       # QLoRA: 4-bit frozen base
     python -m nbhelpers.plan qwen3-8b --gpus 2 --gpu-memory 140.4 --micro-batch 4
+    python -m nbhelpers.plan qwen3.5-27b --gpus 32 --gpus-per-node 8 --cpu-memory 1800 --json
 
 The model is a stand-in name (nbhelpers.standins.ARCHS: the published configs, so it works offline), a hub
 id, a local folder with config.json, a transformers config or a built model. It is built on the meta
@@ -68,6 +71,57 @@ gradient (4V) and the logits' gradient (4V) coexist with every layer's activatio
 Full activation checkpointing keeps each layer's input (2h, or 4h fp32 under autocast) plus one layer
 recomputed during backward; the loss head is not checkpointed.
 
+Qwen3.5 (qwen3_5_text: 3 Gated DeltaNet layers for each gated full-attention layer) is counted layer by layer
+from transformers 5.17's code. Its RMSNorms scale by (1 + weight) in fp32 (8w + 4), and both kinds of layer
+share the norms, the MLP (8f, its input 2h) and the mixer's input (2h). In bytes per token:
+  full attention (SDPA)     qk-norms (8d + 4)(a + k); SDPA's q, k, v, output and logsumexp 2d(2a + 2k) + 4a; the
+                            sigmoid output gate keeps its sigmoid and the attention output (4ad); o_proj's input
+                            2ad. Rotary embedding saves only cos/sin, once per forward (ignored, < 0.5 %).
+  Gated DeltaNet, PyTorch   (transformers' fallback when flash-linear-attention is missing or not usable) with
+  fallback                  nk key / nv value heads of dk / dv, conv width K, C = 2 nk dk + nv dv channels,
+                            chunks of c = 64 tokens, r = the sequence padded to whole chunks over its length:
+                              causal conv: its input 2C and its output for the SiLU 2C (S + K - 1)/S
+                              gates: sigmoid beta 2nv, the decay's softplus input and output 8nv
+                              fp32 q and k before their L2 norm and their 1/norm (heads repeated to nv): 8 nv dk + 8nv
+                              per padded token (x r): five c x c fp32 matrices per head (decays, k.k and q.k
+                              products, the triangular system, the intra-chunk attention) 20 nv c; six fp32
+                              copies of q/k at dk (normalised, scaled, decayed, k*beta, the solved k) 24 nv dk;
+                              three of v (padded value, solved value, each chunk's corrected value) 12 nv dv;
+                              the recurrent state entering each chunk 4 nv dk dv / c (the recurrent state:
+                              16 KB per head per chunk at dk = dv = 128); beta and three decay exponentials 16nv
+                              gated RMSNorm: three fp32 (input, gate, SiLU) 12 nv dv, two bf16 4 nv dv, 1/rms 4nv;
+                              out_proj's input 2 nv dv
+  Gated DeltaNet, kernels   (flash-linear-attention 0.6 chunk_gated_delta_rule + causal-conv1d; counted from
+                            their save_for_backward, not measured here): the conv keeps its input only (2C,
+                            SiLU fused); the rule keeps L2-normalised bf16 q and k (4 nv dk), a contiguous bf16
+                            v (2 nv dv), their fp32 1/norm (8nv), the cumulated fp32 decay (4nv) and the bf16
+                            c-wide WY matrix A (2 nv c); it recomputes the states in backward. Gates, gated
+                            norm and out_proj as above.
+With sequence packing the fallback pads each sample, not the row, to whole chunks (up to 63 tokens more per
+sample); the planner assumes one sample per row. Under DDP's autocast the hybrid layers are counted as in bf16
+plus each linear's own bf16 cast of its input (within 10 % of what autograd saves; the rule's per-chunk casts
+are not itemised). The formulas match autograd's saved bytes on the tiny stand-in (tests/test_plan.py).
+
+QLoRA (quantization="nf4", bitsandbytes 4-bit as the Unsloth and Axolotl notebooks load): the frozen
+weights of the decoder layers' linears take 0.516 bytes per parameter (4-bit codes, an 8-bit absmax per 64
+weights and an fp32 scale per 256 absmaxes: double quantisation); embeddings, norms, lm_head, conv and MoE
+expert tensors stay bf16. Each 4-bit linear is dequantised to bf16 for its matmul: 2 bytes x the largest
+quantised linear are added while one is in use.
+
+CPU offload (two more rows; recommended only when nothing fits on the GPUs alone). Per GPU in host memory:
+    fsdp_offload   FSDP2 fully_shard(offload_policy=CPUOffloadPolicy()): the fp32 parameter shards (4P/N),
+                   their gradients (4P/N), Adam m, v (8P/N) and the step's sqrt(v) (4P/N) live on the CPU,
+                   the step runs there; the GPU holds the gathered units, one layer's unsharded gradients and
+                   the activations.
+    zero3_offload  DeepSpeed ZeRO-3 offload_param + offload_optimizer (device: cpu, DeepSpeedCPUAdam in
+                   place): bf16 parameter partitions (2P/N), fp32 master and Adam (12P/N) and fp32 gradients
+                   (4P/N) on the CPU; the GPU holds the gathered modules, the reduce bucket and the activations.
+(pure bf16: 2-byte parameters, gradients, Adam states.) The frozen base of LoRA is offloaded with the rest.
+fused_adamw=True (torch.optim.AdamW(fused=True), the FSDP2 recipe's optimizer on GPUs) updates in place: the
+DDP and FSDP2 rows then have no sqrt(v) temporary.
+`cpu_memory_gib` (per node, with `gpus_per_node`) decides whether the host can hold it; None: not checked,
+only stated.
+
 Allowance: 1.5 GiB (CUDA context, cuBLAS and NCCL workspaces, not seen by torch's allocator) plus 10 %
 of the estimate (allocator fragmentation: reserved above allocated).
 
@@ -76,15 +130,22 @@ Validated against measured peaks on 2x H200 in benchmarks/results/planner/ (see 
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
 GIB = 2**30
-TECHNIQUES = ("ddp", "zero1", "zero2", "fsdp", "zero3")
+TECHNIQUES = ("ddp", "zero1", "zero2", "fsdp", "zero3")  # everything on the GPUs
+OFFLOAD_TECHNIQUES = ("fsdp_offload", "zero3_offload")  # states in CPU memory
 LABELS = {"ddp": "DDP", "zero1": "DeepSpeed ZeRO-1", "zero2": "DeepSpeed ZeRO-2", "fsdp": "FSDP2 (ZeRO-3)",
-          "zero3": "DeepSpeed ZeRO-3"}
+          "zero3": "DeepSpeed ZeRO-3", "fsdp_offload": "FSDP2 + CPU offload",
+          "zero3_offload": "ZeRO-3 + CPU offload"}
+QUANTIZATIONS = ("nf4",)
+NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)  # 4-bit code + 8-bit absmax per 64 + fp32 scale per 256 absmaxes
+LINEAR_ATTENTION_KERNELS = ("torch", "fla")
+DELTA_RULE_CHUNK = 64  # transformers' torch_chunk_gated_delta_rule chunk_size (and fla's)
 PRECISIONS = ("bf16-mixed", "bf16")
 CONTEXT_GIB = 1.5  # CUDA context + cuBLAS/NCCL workspaces: outside torch's allocator
 FRAGMENTATION = 0.10  # reserved above allocated
@@ -159,12 +220,30 @@ class Counts:
     layer: int  # parameters of the largest decoder layer (a sharding unit)
     root: int  # everything outside the decoder layers (embeddings, final norm, lm_head)
     largest_root_module: int  # the largest of those modules (embedding or lm_head)
+    quantized: int = 0  # frozen parameters stored in 4 bits (QLoRA: the decoder layers' linear weights)
+    layer_quantized: int = 0  # of those, in the largest decoder layer
+    largest_quantized_linear: int = 0  # the largest 4-bit weight (dequantised to bf16 for its matmul)
+
+    @property
+    def frozen_bytes(self) -> float:
+        return 2 * (self.frozen - self.quantized) + NF4_BYTES * self.quantized
+
+    @property
+    def layer_bytes(self) -> float:
+        """The largest decoder layer as stored for compute: bf16, 4-bit where quantised."""
+        return 2 * (self.layer - self.layer_quantized) + NF4_BYTES * self.layer_quantized
 
 
-def count_parameters(model, lora_rank: int | None = None, lora_targets=LORA_ALL_LINEAR) -> Counts:
+def _linear_weights(block: torch.nn.Module) -> list[int]:
+    return [m.weight.numel() for m in block.modules() if isinstance(m, torch.nn.Linear)]
+
+
+def count_parameters(model, lora_rank: int | None = None, lora_targets=LORA_ALL_LINEAR,
+                     quantization: str | None = None) -> Counts:
     layers = decoder_layers(model)
     total = sum(p.numel() for p in model.parameters())
-    layer = max(sum(p.numel() for p in block.parameters()) for block in layers)
+    sizes = [sum(p.numel() for p in block.parameters()) for block in layers]
+    layer = max(sizes)
     in_layers = {id(p) for p in layers.parameters()}
     root_modules = [sum(p.numel() for p in m.parameters(recurse=False) if id(p) not in in_layers)
                     for m in model.modules()]
@@ -178,25 +257,39 @@ def count_parameters(model, lora_rank: int | None = None, lora_targets=LORA_ALL_
             names = sorted({n.rsplit(".", 1)[-1] for n, m in layers[0].named_modules() if isinstance(m, torch.nn.Linear)})
             raise ValueError(f"LoRA targets {lora_targets!r} match no linear layer or expert tensor; "
                              f"the decoder layers' linears are {names}")
-    return Counts(total, trainable, frozen, layer, root, max(root_modules))
+    counts = Counts(total, trainable, frozen, layer, root, max(root_modules))
+    if quantization:
+        linears = [_linear_weights(block) for block in layers]
+        counts.quantized = sum(sum(w) for w in linears)
+        counts.layer_quantized = sum(linears[sizes.index(layer)])
+        counts.largest_quantized_linear = max(max(w) for w in linears)
+    return counts
 
 
 # --------------------------------------------------------------------------------------------------
 # Activations (formula and its derivation: module docstring)
 # --------------------------------------------------------------------------------------------------
-def activation_bytes_per_token(config, seq_len: int, attention: str, fp32_residual: bool = False) -> dict:
-    """Bytes saved for backward per token: {"layer": one decoder layer, "head": final norm + loss head at
-    its peak, "checkpoint": what a checkpointed layer keeps}."""
+def activation_bytes_per_token(config, seq_len: int, attention: str, fp32_residual: bool = False,
+                               linear_attention: str = "torch") -> dict:
+    """Bytes saved for backward per token: {"layers": each decoder layer in order, "layer": the largest,
+    "head": final norm + loss head at its peak, "checkpoint": what a checkpointed layer keeps}.
+    linear_attention: "torch" or "fla", the Gated DeltaNet implementation (hybrid models only)."""
     model_type = config.model_type
     h, a = config.hidden_size, config.num_attention_heads
     k = getattr(config, "num_key_value_heads", None) or a
     d = getattr(config, "head_dim", None) or h // a
     f, vocab = config.intermediate_size, config.vocab_size
-    fp32_norms = fp32_residual or model_type in ("olmo2", "olmo3", "gpt_oss")  # weight * fp32 normalised
+    fp32_norms = fp32_residual or model_type in ("olmo2", "olmo3", "gpt_oss", "qwen3_5_text")  # fp32 normalised
 
     def norm(width, vectors=1):  # fp32 input copy + normalised value for the weight's grad + 1/rms
         return (4 + (4 if fp32_norms else 2)) * width + 4 * vectors
 
+    head = norm(h) + 2 * h + 12 * vocab
+    checkpoint = (4 if fp32_residual else 2) * h
+    if "linear_attention" in (getattr(config, "layer_types", None) or []):
+        per_type = _hybrid_layer_bytes(config, seq_len, attention, fp32_residual, linear_attention, norm)
+        layers = [per_type[t] for t in config.layer_types]
+        return {"layers": layers, "layer": max(layers), "head": head, "checkpoint": checkpoint}
     moe = getattr(config, "num_local_experts", 0) or 0
     top_k = getattr(config, "num_experts_per_tok", 0) or 0
     layer = 2 * norm(h)
@@ -215,8 +308,38 @@ def activation_bytes_per_token(config, seq_len: int, attention: str, fp32_residu
             layer += 2 * seq_len * _sliding_fraction(config)
     layer += 2 * a * d  # attention output, the o_proj input
     layer += 10 * top_k + top_k * (4 * h + 14 * f + 35) if moe else 8 * f
-    head = norm(h) + 2 * h + 12 * vocab
-    return {"layer": layer, "head": head, "checkpoint": (4 if fp32_residual else 2) * h}
+    return {"layers": [layer] * config.num_hidden_layers, "layer": layer, "head": head, "checkpoint": checkpoint}
+
+
+def _hybrid_layer_bytes(config, seq_len, attention, fp32_residual, linear_attention, norm) -> dict:
+    """Qwen3.5's two kinds of decoder layer, bytes per token (derivation: module docstring)."""
+    if config.model_type != "qwen3_5_text":
+        raise ValueError(f"linear-attention layers are counted for Qwen3.5 (qwen3_5_text) only, not {config.model_type}")
+    if attention == "eager":
+        raise ValueError("Qwen3.5 is planned with SDPA or flash attention (attention='sdpa'), not eager")
+    if linear_attention not in LINEAR_ATTENTION_KERNELS:
+        raise ValueError(f"linear_attention must be one of {LINEAR_ATTENTION_KERNELS}, not {linear_attention!r}")
+    h, a, k, f = config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.intermediate_size
+    d = config.head_dim
+    nk, nv = config.linear_num_key_heads, config.linear_num_value_heads
+    dk, dv, width = config.linear_key_head_dim, config.linear_value_head_dim, config.linear_conv_kernel_dim
+    channels, c = 2 * nk * dk + nv * dv, DELTA_RULE_CHUNK
+    shared = 2 * norm(h) + 2 * h + 8 * f + 2 * h  # two norms, the MLP and its input, the mixer's input
+    full = shared + norm(d) * (a + k) + 2 * d * (2 * a + 2 * k) + 4 * a + 4 * a * d + 2 * a * d
+    gates = 2 * nv + 8 * nv  # sigmoid(b), softplus(a + dt_bias) in and out
+    gated_norm = 12 * nv * dv + 4 * nv * dv + 4 * nv + 2 * nv * dv  # ... and out_proj's input
+    if linear_attention == "torch":
+        padded = -(-seq_len // c) * c / seq_len
+        conv = 2 * channels + 2 * channels * (seq_len + width - 1) / seq_len
+        rule = 8 * nv * dk + 8 * nv + padded * (
+            20 * nv * c + 24 * nv * dk + 12 * nv * dv + 4 * nv * dk * dv / c + 16 * nv)
+    else:  # causal-conv1d keeps its input; fla keeps contiguous copies of q, k (normalised) and v
+        conv = 2 * channels
+        rule = 4 * nv * dk + 2 * nv * dv + 8 * nv + 4 * nv + 2 * nv * c
+    linear = shared + conv + gates + rule + gated_norm
+    if fp32_residual:  # autocast: each linear casts its fp32 input (q, k, v, gate/up | qkv, z, b, a, gate/up)
+        full, linear = full + 6 * h, linear + 8 * h
+    return {"full_attention": full, "linear_attention": linear}
 
 
 def _sliding_fraction(config) -> float:
@@ -225,53 +348,69 @@ def _sliding_fraction(config) -> float:
 
 
 def activation_bytes(config, seq_len: int, micro_batch: int, checkpointing: bool, attention: str,
-                     fp32_residual: bool = False) -> int:
-    per_token = activation_bytes_per_token(config, seq_len, attention, fp32_residual)
+                     fp32_residual: bool = False, linear_attention: str = "torch") -> int:
+    per_token = activation_bytes_per_token(config, seq_len, attention, fp32_residual, linear_attention)
     depth = config.num_hidden_layers
     if checkpointing:  # every layer's input, then one layer recomputed while the head is gone
         per = depth * per_token["checkpoint"] + max(per_token["head"], per_token["layer"])
     else:
-        per = depth * per_token["layer"] + per_token["head"]
+        per = sum(per_token["layers"]) + per_token["head"]
     return int(per * seq_len * micro_batch)
 
 
 # --------------------------------------------------------------------------------------------------
 # Parameters, gradients, optimizer states per technique (table: module docstring)
 # --------------------------------------------------------------------------------------------------
-def state_bytes(technique: str, counts: Counts, gpus: int, precision: str) -> dict:
+def state_bytes(technique: str, counts: Counts, gpus: int, precision: str, fused_adamw: bool = False) -> dict:
     """Bytes per GPU: parameters, optimizer (states incl. fp32 master), gradients (at the end of backward),
-    gradients_held (the part allocated before backward starts) and temporaries (optimizer step only)."""
-    n, trainable, frozen = gpus, counts.trainable, counts.frozen
+    gradients_held (the part allocated before backward starts), temporaries (optimizer step only) and cpu
+    (host memory per GPU, the offload techniques only)."""
+    n, trainable = gpus, counts.trainable
+    frozen = counts.frozen_bytes  # bf16, or 4-bit where quantised
     mixed = precision == "bf16-mixed"
     optimizer = (12 if mixed else 4) * trainable  # fp32 master + Adam m, v  |  bf16 m, v
     adam_temp = (4 if mixed else 2) * trainable  # foreach AdamW's sqrt(v)
+    torch_adam_temp = 0 if fused_adamw else adam_temp  # AdamW(fused=True) updates in place (DDP, FSDP2)
     fp32_grad = 4 * trainable if mixed else 0  # DeepSpeed upcasts its bf16 gradient partition for the step
     bucket = 2 * DEEPSPEED_REDUCE_BUCKET  # DeepSpeed's bf16 reduce buffer, allocated at full size
-    layer_trainable = counts.layer if not frozen else trainable * counts.layer / max(counts.total, 1)
+    layer_trainable = counts.layer if not counts.frozen else trainable * counts.layer / max(counts.total, 1)
+    dequantized = 2 * counts.largest_quantized_linear  # a 4-bit weight in bf16 for its matmul
+    fsdp_gathered = 2 * counts.root + 2 * counts.layer_bytes  # root unit stays unsharded; current + prefetched layer
+    zero3_gathered = (max(2 * counts.largest_root_module, counts.layer_bytes)
+                      + min(2 * DEEPSPEED_PREFETCH, counts.layer_bytes))
+    unsharded = (6 if mixed else 2) * layer_trainable  # a layer's bf16 grads (+ fp32 copy to reduce-scatter)
     if technique == "ddp":
         grad = (4 if mixed else 2) * trainable
         if n == 1:  # one GPU needs no DDP: no buckets, gradients appear during backward
-            return {"parameters": 2 * (trainable + frozen), "gradients": grad, "gradients_held": 0,
-                    "optimizer": optimizer, "temporaries": adam_temp}
-        # DDP's all-reduce buckets are allocated at wrap time; the .grad tensors beside them during backward
-        return {"parameters": 2 * (trainable + frozen), "gradients": grad, "gradients_held": grad,
-                "optimizer": optimizer, "temporaries": grad + adam_temp}
-    if technique in ("zero1", "zero2"):
+            terms = {"parameters": 2 * trainable + frozen, "gradients": grad, "gradients_held": 0,
+                     "optimizer": optimizer, "temporaries": torch_adam_temp}
+        else:  # DDP's all-reduce buckets are allocated at wrap time; the .grad tensors beside them during backward
+            terms = {"parameters": 2 * trainable + frozen, "gradients": grad, "gradients_held": grad,
+                     "optimizer": optimizer, "temporaries": grad + torch_adam_temp}
+    elif technique in ("zero1", "zero2"):
         grad = 2 * trainable / (n if technique == "zero2" else 1) + bucket
-        return {"parameters": 2 * (trainable + frozen), "gradients": grad, "gradients_held": 0,
-                "optimizer": optimizer / n, "temporaries": (fp32_grad + adam_temp) / n}
-    if technique == "fsdp":
-        gathered = 2 * (counts.root + 2 * counts.layer)  # root unit stays unsharded; current + prefetched layer
-        stored = 2 * (frozen + (0 if mixed else trainable)) / n  # mixed: the fp32 shards are the master weights
-        unsharded = (6 if mixed else 2) * layer_trainable  # a layer's bf16 grads (+ fp32 copy to reduce-scatter)
-        return {"parameters": stored + gathered, "gradients": (4 if mixed else 2) * trainable / n + unsharded,
-                "gradients_held": unsharded, "optimizer": optimizer / n, "temporaries": adam_temp / n}
-    if technique == "zero3":
-        gathered = 2 * (max(counts.largest_root_module, counts.layer) + min(DEEPSPEED_PREFETCH, counts.layer))
+        terms = {"parameters": 2 * trainable + frozen, "gradients": grad, "gradients_held": 0,
+                 "optimizer": optimizer / n, "temporaries": (fp32_grad + adam_temp) / n}
+    elif technique == "fsdp":
+        stored = (frozen + (0 if mixed else 2 * trainable)) / n  # mixed: the fp32 shards are the master weights
+        terms = {"parameters": stored + fsdp_gathered, "gradients": (4 if mixed else 2) * trainable / n + unsharded,
+                 "gradients_held": unsharded, "optimizer": optimizer / n, "temporaries": torch_adam_temp / n}
+    elif technique == "zero3":
         grad = 2 * trainable / n + bucket  # both allocated when the engine is built
-        return {"parameters": 2 * (trainable + frozen) / n + gathered, "gradients": grad, "gradients_held": grad,
-                "optimizer": optimizer / n, "temporaries": (fp32_grad + adam_temp) / n}
-    raise ValueError(f"technique must be one of {TECHNIQUES}, not {technique!r}")
+        terms = {"parameters": (2 * trainable + frozen) / n + zero3_gathered, "gradients": grad,
+                 "gradients_held": grad, "optimizer": optimizer / n, "temporaries": (fp32_grad + adam_temp) / n}
+    elif technique == "fsdp_offload":  # shards, their gradients and the optimizer on the CPU; the step runs there
+        on_cpu = frozen + (4 + 4 + 8 if mixed else 2 + 2 + 4) * trainable + torch_adam_temp
+        terms = {"parameters": fsdp_gathered, "gradients": unsharded, "gradients_held": unsharded,
+                 "optimizer": 0, "temporaries": 0, "cpu": on_cpu / n}
+    elif technique == "zero3_offload":  # bf16 partitions, fp32 master + Adam and fp32 gradients on the CPU
+        on_cpu = frozen + (2 + 12 + 4 if mixed else 2 + 4 + 2) * trainable
+        terms = {"parameters": zero3_gathered, "gradients": bucket, "gradients_held": bucket,
+                 "optimizer": 0, "temporaries": 0, "cpu": on_cpu / n}
+    else:
+        raise ValueError(f"technique must be one of {TECHNIQUES + OFFLOAD_TECHNIQUES}, not {technique!r}")
+    terms["parameters"] += dequantized
+    return {"cpu": 0, **terms}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -287,9 +426,10 @@ class Estimate:
     temporaries: float  # optimizer step only: never alive together with the activations
     allowance: float
     total: float
-    fits: bool
+    fits: bool  # on the GPU, and (offload) in the host memory when cpu_memory_gib is given
     gradients_held: float  # the part of `gradients` already allocated when backward starts
     peak_at: str  # "backward" (activations) or "optimizer step" (gradients + temporaries)
+    cpu: float = 0.0  # GiB of host memory per GPU (offload techniques)
 
     @property
     def allocated(self) -> float:
@@ -313,18 +453,24 @@ class Plan:
     gpus: int
     gpu_memory_gib: float
     precision: str
-    fine_tune: str  # "full" or "LoRA r=..."
+    fine_tune: str  # "full", "LoRA r=..." or "QLoRA r=... (nf4)"
     seq_len: int
     micro_batch: int
     checkpointing: bool
     attention: str
-    estimates: list[Estimate]
-    recommended: str | None  # a key of TECHNIQUES, or None when nothing fits
+    estimates: list[Estimate]  # TECHNIQUES: everything on the GPUs
+    recommended: str | None  # a key of TECHNIQUES, or None when none fits
     advice: str
     suggestions: list[str] = field(default_factory=list)
+    offload: str | None = None  # when nothing fits on the GPUs: the OFFLOAD_TECHNIQUES key that fits, if any
+    gpus_per_node: int = 1
+    cpu_memory_gib: float | None = None  # per node; None: host memory not checked
+    linear_attention: str | None = None  # Gated DeltaNet implementation counted (hybrid models)
+    offload_estimates: list[Estimate] = field(default_factory=list)  # OFFLOAD_TECHNIQUES
+    fused_adamw: bool = False
 
     def estimate(self, technique: str) -> Estimate:
-        return next(e for e in self.estimates if e.technique == technique)
+        return next(e for e in self.estimates + self.offload_estimates if e.technique == technique)
 
     def fits(self, technique: str) -> bool:
         return self.estimate(technique).fits
@@ -334,26 +480,30 @@ class Plan:
         head = {"model": self.model, "gpus": self.gpus, "gpu_memory_gib": self.gpu_memory_gib,
                 "fine_tune": self.fine_tune, "precision": self.precision, "seq_len": self.seq_len,
                 "micro_batch": self.micro_batch, "checkpointing": self.checkpointing}
-        return [{**head, **asdict(e), "recommended": e.technique == self.recommended} for e in self.estimates]
+        return [{**head, **asdict(e), "recommended": e.technique in (self.recommended, self.offload)}
+                for e in self.estimates + self.offload_estimates]
 
     def to_dict(self) -> dict:
-        return {**{k: v for k, v in asdict(self).items() if k != "estimates"},
-                "estimates": {e.technique: asdict(e) for e in self.estimates}}
+        """Everything, JSON-ready: the inputs, each technique's terms in GiB per GPU, the answer."""
+        return {**{k: v for k, v in asdict(self).items() if k not in ("estimates", "offload_estimates")},
+                "estimates": {e.technique: {**asdict(e), "allocated": e.allocated}
+                              for e in self.estimates + self.offload_estimates}}
 
     def table(self) -> str:
         lines = [f"{self.model}: {self.parameters / 1e9:.2f} B parameters, {self.fine_tune} fine-tune "
                  f"({self.trainable / 1e9:.3g} B trainable), {self.precision}",
                  f"{self.gpus} GPU{'s' if self.gpus > 1 else ''} x {self.gpu_memory_gib:g} GiB, {self.micro_batch} x "
                  f"{self.seq_len} tokens per GPU, {'activation checkpointing' if self.checkpointing else 'no checkpointing'}, "
-                 f"{self.attention} attention",
-                 f"{'GiB per GPU':18s} {'params':>7s} {'grads':>7s} {'optim':>7s} {'activ':>7s} {'step tmp':>8s} "
-                 f"{'allow':>7s} {'total':>7s}  fits  peak at"]
-        for e in self.estimates:
+                 f"{self.attention} attention" + (f", Gated DeltaNet: {self.linear_attention}"
+                                                  if self.linear_attention else ""),
+                 f"{'GiB per GPU':20s} {'params':>7s} {'grads':>7s} {'optim':>7s} {'activ':>7s} {'step tmp':>8s} "
+                 f"{'allow':>7s} {'total':>7s} {'CPU':>7s}  fits  peak at"]
+        for e in self.estimates + self.offload_estimates:
             label = "1 GPU, no DDP" if e.technique == "ddp" and self.gpus == 1 else LABELS[e.technique]
-            lines.append(f"{label:18s} {e.parameters:7.1f} {e.gradients:7.1f} {e.optimizer:7.1f} "
-                         f"{e.activations:7.1f} {e.temporaries:8.1f} {e.allowance:7.1f} {e.total:7.1f}  "
-                         f"{'yes ' if e.fits else 'no  '}  {e.peak_at}"
-                         f"{'  <- recommended' if e.technique == self.recommended else ''}")
+            lines.append(f"{label:20s} {e.parameters:7.1f} {e.gradients:7.1f} {e.optimizer:7.1f} "
+                         f"{e.activations:7.1f} {e.temporaries:8.1f} {e.allowance:7.1f} {e.total:7.1f} "
+                         f"{e.cpu:7.1f}  {'yes ' if e.fits else 'no  '}  {e.peak_at}"
+                         f"{'  <- recommended' if e.technique in (self.recommended, self.offload) else ''}")
         lines.append(self.advice)
         lines += [f"  - {s}" for s in self.suggestions]
         return "\n".join(lines)
@@ -363,7 +513,9 @@ class Plan:
 
 def plan(model, gpus: int = 1, gpu_memory_gib: float = 80.0, precision: str = "bf16-mixed",
          lora_rank: int | None = None, lora_targets=LORA_ALL_LINEAR, seq_len: int = 2048, micro_batch: int = 1,
-         checkpointing: bool = False, attention: str | None = None, suggest: bool = True) -> Plan:
+         checkpointing: bool = False, attention: str | None = None, suggest: bool = True,
+         quantization: str | None = None, cpu_memory_gib: float | None = None, gpus_per_node: int | None = None,
+         linear_attention: str = "torch", fused_adamw: bool = False) -> Plan:
     """Estimate per-GPU memory of each technique and pick one (see the module docstring for the model).
 
     model: a stand-in name, hub id, model folder, transformers config or built model, or the (name, model)
@@ -371,6 +523,13 @@ def plan(model, gpus: int = 1, gpu_memory_gib: float = 80.0, precision: str = "b
     gpu_memory_gib: what one GPU reports (an "80 GB" H100 has 79.6 GiB, a "141 GB" H200 140.4 GiB).
     lora_rank: None for a full fine-tune. attention: "sdpa" (also flash/flex: no s^2 term) or "eager";
     default: what transformers picks for the model (eager for GPT-OSS, sdpa for the others).
+    quantization: "nf4" for QLoRA (needs lora_rank): the frozen base in bitsandbytes 4-bit.
+    cpu_memory_gib: host memory per node, for the CPU-offload rows (None: stated, not checked);
+    gpus_per_node: default min(gpus, 8).
+    linear_attention: the Gated DeltaNet implementation of hybrid models (Qwen3.5): "torch" (transformers'
+    fallback) or "fla" (flash-linear-attention + causal-conv1d).
+    fused_adamw: torch.optim.AdamW(fused=True), as the FSDP2 recipe uses on GPUs: no sqrt(v) step temporary
+    (DDP and FSDP2 rows; DeepSpeed keeps its own optimizer).
     """
     if not isinstance(gpus, int) or gpus < 1:
         raise ValueError(f"gpus must be a whole number >= 1, not {gpus!r}")
@@ -382,42 +541,66 @@ def plan(model, gpus: int = 1, gpu_memory_gib: float = 80.0, precision: str = "b
         raise ValueError(f"seq_len and micro_batch must be >= 1 (got {seq_len}, {micro_batch})")
     if lora_rank is not None and lora_rank < 1:
         raise ValueError(f"lora_rank must be >= 1, or None for a full fine-tune (got {lora_rank})")
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {QUANTIZATIONS} or None, not {quantization!r}")
+    if quantization and not lora_rank:
+        raise ValueError("4-bit weights are frozen: quantization='nf4' is QLoRA, pass lora_rank too (e.g. 16)")
+    gpus_per_node = gpus_per_node or min(gpus, 8)
+    if not isinstance(gpus_per_node, int) or gpus_per_node < 1 or gpus % gpus_per_node:
+        raise ValueError(f"gpus_per_node must divide gpus ({gpus}), not {gpus_per_node!r}")
+    if cpu_memory_gib is not None and cpu_memory_gib <= 0:
+        raise ValueError(f"cpu_memory_gib must be the host memory of one node in GiB, or None, not {cpu_memory_gib!r}")
     name, meta_model = model if isinstance(model, tuple) else load_model(model)
     config = meta_model.config
     attention = attention or ("eager" if config._attn_implementation == "eager" else "sdpa")
     if attention not in ("sdpa", "flash", "flex", "eager"):
         raise ValueError(f"attention must be 'sdpa', 'flash', 'flex' or 'eager', not {attention!r}")
     attention = "eager" if attention == "eager" else "sdpa"
-    counts = count_parameters(meta_model, lora_rank, lora_targets)
+    hybrid = "linear_attention" in (getattr(config, "layer_types", None) or [])
+    counts = count_parameters(meta_model, lora_rank, lora_targets, quantization)
 
     estimates = []
-    for technique in TECHNIQUES:
-        terms = state_bytes(technique, counts, gpus, precision)
+    for technique in TECHNIQUES + OFFLOAD_TECHNIQUES:
+        terms = state_bytes(technique, counts, gpus, precision, fused_adamw)
         fp32_residual = technique == "ddp" and precision == "bf16-mixed" and not lora_rank  # autocast on fp32 weights
-        terms["activations"] = activation_bytes(config, seq_len, micro_batch, checkpointing, attention, fp32_residual)
+        terms["activations"] = activation_bytes(config, seq_len, micro_batch, checkpointing, attention, fp32_residual,
+                                                linear_attention)
         backward = terms["gradients_held"] + terms["activations"]
         step = terms["gradients"] + terms["temporaries"]
         allocated = terms["parameters"] + terms["optimizer"] + max(backward, step)
         allowance = CONTEXT_GIB * GIB + FRAGMENTATION * allocated
         total = (allocated + allowance) / GIB
+        host_fits = cpu_memory_gib is None or terms["cpu"] * gpus_per_node / GIB <= cpu_memory_gib
         estimates.append(Estimate(technique, **{key: value / GIB for key, value in terms.items()},
-                                  allowance=allowance / GIB, total=total, fits=total <= gpu_memory_gib,
+                                  allowance=allowance / GIB, total=total, fits=total <= gpu_memory_gib and host_fits,
                                   peak_at="backward" if backward >= step else "optimizer step"))
 
     fitting = {e.technique for e in estimates if e.fits}
     order = ["ddp"] if gpus == 1 else ["ddp", "zero2", "zero1", "fsdp", "zero3"]  # sharding needs >= 2 GPUs
     recommended = next((t for t in order if t in fitting), None)
-    advice = _advice(recommended, fitting, gpus, {e.technique: e for e in estimates}, gpu_memory_gib)
-    result = Plan(name, counts.total, counts.trainable, gpus, gpu_memory_gib, precision,
-                  f"LoRA r={lora_rank}" if lora_rank else "full", seq_len, micro_batch, checkpointing, attention,
-                  estimates, recommended, advice)
+    offload = None if recommended else next((t for t in OFFLOAD_TECHNIQUES if t in fitting), None)
+    by_name = {e.technique: e for e in estimates}
+    advice = _advice(recommended, offload, fitting, gpus, by_name, gpu_memory_gib, gpus_per_node, cpu_memory_gib)
+    fine_tune = "full" if not lora_rank else f"QLoRA r={lora_rank} ({quantization})" if quantization else f"LoRA r={lora_rank}"
+    result = Plan(name, counts.total, counts.trainable, gpus, gpu_memory_gib, precision, fine_tune, seq_len,
+                  micro_batch, checkpointing, attention, estimates[:len(TECHNIQUES)], recommended, advice,
+                  offload=offload, gpus_per_node=gpus_per_node, cpu_memory_gib=cpu_memory_gib,
+                  linear_attention=linear_attention if hybrid else None,
+                  offload_estimates=estimates[len(TECHNIQUES):], fused_adamw=fused_adamw)
     if suggest and recommended is None:
-        result.suggestions = _suggestions((name, meta_model), result, lora_targets)
+        result.suggestions = _suggestions((name, meta_model), result, lora_targets, quantization)
     return result
 
 
-def _advice(recommended, fitting, gpus, estimates, memory) -> str:
+def _advice(recommended, offload, fitting, gpus, estimates, memory, gpus_per_node, cpu_memory) -> str:
     if recommended is None:
+        if offload:
+            e = estimates[offload]
+            host = e.cpu * gpus_per_node
+            checked = f"of {cpu_memory:g} GiB" if cpu_memory is not None else "(host memory not checked: pass it)"
+            return (f"fits on the GPUs only with CPU offload: {LABELS[offload]}, {e.total:.1f} of {memory:g} GiB per "
+                    f"GPU and {host:.0f} GiB {checked} of CPU memory per node ({gpus_per_node} GPUs), slower steps. "
+                    f"Without offload nothing fits {gpus} x {memory:g} GiB; also:")
         return f"fits nowhere: no technique fits {gpus} x {memory:g} GiB; use LoRA, more GPUs or CPU offload:"
     spare = memory - estimates[recommended].total
     why = {"ddp": "the whole training state fits on every GPU, so plain data parallelism (fastest, simplest)"
@@ -433,12 +616,14 @@ def _advice(recommended, fitting, gpus, estimates, memory) -> str:
            f"({spare:.1f} GiB spare): {why}."
 
 
-def _suggestions(model, failed: Plan, lora_targets) -> list[str]:
-    """What would fit instead: checkpointing, LoRA, more GPUs (each at the fewest GPUs that fit), offload."""
+def _suggestions(model, failed: Plan, lora_targets, quantization) -> list[str]:
+    """What would fit on the GPUs instead: checkpointing, LoRA, more GPUs (each at the fewest GPUs that fit)."""
+    lora_rank = int(failed.fine_tune.split("=")[1].split()[0]) if failed.fine_tune != "full" else None
     kwargs = dict(gpus=failed.gpus, gpu_memory_gib=failed.gpu_memory_gib, precision=failed.precision,
-                  lora_rank=int(failed.fine_tune.split("=")[1]) if failed.fine_tune != "full" else None,
-                  lora_targets=lora_targets, seq_len=failed.seq_len, micro_batch=failed.micro_batch,
-                  checkpointing=failed.checkpointing, attention=failed.attention, suggest=False)
+                  lora_rank=lora_rank, lora_targets=lora_targets, seq_len=failed.seq_len,
+                  micro_batch=failed.micro_batch, checkpointing=failed.checkpointing, attention=failed.attention,
+                  suggest=False, quantization=quantization, linear_attention=failed.linear_attention or "torch",
+                  fused_adamw=failed.fused_adamw)
     counts = [failed.gpus] + [g for g in (2, 4, 8, 16, 32, 64, 128, 256) if g > failed.gpus]
     alternatives = [("more GPUs", {})]
     if not failed.checkpointing:
@@ -457,29 +642,70 @@ def _suggestions(model, failed: Plan, lora_targets) -> list[str]:
         elif not change:
             found.append(f"more GPUs alone do not help (up to {counts[-1]}): activations are "
                          f"{failed.estimate('zero3').activations:.1f} GiB per GPU; lower micro_batch or seq_len")
-    zero3 = failed.estimate("zero3")
-    offloaded = zero3.total - (zero3.optimizer + zero3.temporaries) * (1 + FRAGMENTATION)
-    if offloaded <= failed.gpu_memory_gib:
-        found.append(f"optimizer states in CPU memory (ZeRO-3 offload_optimizer / FSDP2 CPUOffloadPolicy): "
-                     f"about {offloaded:.1f} GiB per GPU, slower steps")
+    if failed.offload is None:
+        e = min((failed.estimate(t) for t in OFFLOAD_TECHNIQUES), key=lambda e: e.total)
+        host = e.cpu * failed.gpus_per_node
+        found.append(f"CPU offload ({LABELS[e.technique]}) needs {e.total:.1f} GiB per GPU and {host:.0f} GiB of "
+                     f"CPU memory per node" + (f" (have {failed.cpu_memory_gib:g})"
+                                               if failed.cpu_memory_gib is not None else ""))
     return found
 
 
+def build_parser() -> argparse.ArgumentParser:
+    from nbhelpers import standins
+
+    class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+        pass  # defaults after each flag's help; the epilog as written (names are not split at hyphens)
+
+    known = "\n".join(f"  {arch:14s} {spec.hub_id}" for arch, spec in standins.ARCHS.items())
+    parser = argparse.ArgumentParser(
+        prog="python -m nbhelpers.plan", description=__doc__.split("\n")[0], formatter_class=Formatter,
+        epilog=f"known architectures (offline: their published configs):\n{known}\n"
+               "How each term is counted: python -c 'import nbhelpers.plan; help(nbhelpers.plan)'")
+    parser.add_argument("model", help="a known architecture (below), a hub id or a local folder with config.json")
+    parser.add_argument("--gpus", type=int, default=1, help="GPUs in all (data-parallel ranks)")
+    parser.add_argument("--gpus-per-node", type=int, default=None,
+                        help="GPUs per node, for the host memory of CPU offload; None: min(gpus, 8)")
+    parser.add_argument("--gpu-memory", type=float, default=79.6,
+                        help="GiB per GPU as the GPU reports it (80 GB H100: 79.6, 141 GB H200: 140.4)")
+    parser.add_argument("--cpu-memory", type=float, default=None,
+                        help="GiB of host memory per node, to check CPU offload; None: not checked, only stated")
+    parser.add_argument("--precision", choices=PRECISIONS, default="bf16-mixed",
+                        help="bf16-mixed: bf16 compute, fp32 master weights and Adam states; bf16: all 2-byte")
+    parser.add_argument("--lora-rank", type=int, default=None, help="LoRA rank; None: full fine-tune")
+    parser.add_argument("--lora-targets", nargs="+", default=[LORA_ALL_LINEAR],
+                        help="module names LoRA adapts (last name part), or all-linear")
+    parser.add_argument("--quantization", choices=QUANTIZATIONS, default=None,
+                        help="QLoRA: the frozen base in bitsandbytes 4-bit (needs --lora-rank)")
+    parser.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence")
+    parser.add_argument("--micro-batch", type=int, default=1, help="sequences per GPU per forward")
+    parser.add_argument("--checkpointing", action="store_true",
+                        help="activation checkpointing of every decoder layer")
+    parser.add_argument("--attention", choices=("sdpa", "eager"), default=None,
+                        help="attention implementation; None: what transformers picks for the model")
+    parser.add_argument("--linear-attention", choices=LINEAR_ATTENTION_KERNELS, default="torch",
+                        help="hybrid models (Qwen3.5): Gated DeltaNet as transformers' PyTorch fallback or "
+                             "flash-linear-attention + causal-conv1d")
+    parser.add_argument("--fused-adamw", action="store_true",
+                        help="torch.optim.AdamW(fused=True), as the FSDP2 recipe on GPUs: no sqrt(v) step temporary")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON (every term, GiB per GPU)")
+    return parser
+
+
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m nbhelpers.plan", description=__doc__.split("\n")[0])
-    parser.add_argument("model", help="stand-in name, hub id or model folder")
-    parser.add_argument("--gpus", type=int, default=1)
-    parser.add_argument("--gpu-memory", type=float, default=79.6, help="GiB per GPU (80 GB H100: 79.6, H200: 140.4)")
-    parser.add_argument("--precision", choices=PRECISIONS, default="bf16-mixed")
-    parser.add_argument("--lora-rank", type=int, default=None)
-    parser.add_argument("--seq-len", type=int, default=2048)
-    parser.add_argument("--micro-batch", type=int, default=1)
-    parser.add_argument("--checkpointing", action="store_true")
-    parser.add_argument("--attention", choices=("sdpa", "eager"), default=None)
+    parser = build_parser()
     args = parser.parse_args(argv)
-    print(plan(args.model, gpus=args.gpus, gpu_memory_gib=args.gpu_memory, precision=args.precision,
-               lora_rank=args.lora_rank, seq_len=args.seq_len, micro_batch=args.micro_batch,
-               checkpointing=args.checkpointing, attention=args.attention))
+    targets = args.lora_targets[0] if args.lora_targets == [LORA_ALL_LINEAR] else args.lora_targets
+    try:
+        result = plan(args.model, gpus=args.gpus, gpu_memory_gib=args.gpu_memory, precision=args.precision,
+                      lora_rank=args.lora_rank, lora_targets=targets, seq_len=args.seq_len,
+                      micro_batch=args.micro_batch, checkpointing=args.checkpointing, attention=args.attention,
+                      quantization=args.quantization, cpu_memory_gib=args.cpu_memory,
+                      gpus_per_node=args.gpus_per_node, linear_attention=args.linear_attention,
+                      fused_adamw=args.fused_adamw)
+    except ValueError as error:
+        parser.error(str(error))
+    print(json.dumps(result.to_dict(), indent=2) if args.json else result)
 
 
 if __name__ == "__main__":

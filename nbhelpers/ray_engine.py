@@ -10,7 +10,7 @@
         ...
     results = train.distributed(lr=1e-3)        # one result per rank, in rank order
 
-The contract is the one-node launcher's (nbhelpers.launcher), carried out by Ray:
+The contract is the local engine's (nbhelpers.launch_contract), carried out by Ray:
 - One placement group reserves every rank's bundle at once ({"GPU": 1, "CPU": 1}, or {"CPU": 1} on a
   cluster without GPUs), packed onto as few nodes as possible; the ranks are Ray actors in its bundles.
   Nothing starts until all bundles are reserved (gang scheduling).
@@ -18,14 +18,16 @@ The contract is the one-node launcher's (nbhelpers.launcher), carried out by Ray
   GROUP_RANK (the node's index), MASTER_ADDR = rank 0's node address, MASTER_PORT = a port found free
   on rank 0's node. On a node with several ranks, CUDA_VISIBLE_DEVICES lists all their GPUs and each
   rank's LOCAL_RANK is the index of its own, so `cuda:LOCAL_RANK` is its GPU (what Ray Train does too).
-- The function and its arguments travel by value (cloudpickle); each rank runs it in the main thread of
-  its actor, in the notebook's working directory when that exists on the node.
+- The function and its arguments travel by value (launch_contract.pickle_call); each rank runs it in the
+  main thread of its actor, in the notebook's working directory when that exists on the node.
 - Each rank's stdout and stderr (file descriptors 1 and 2, so subprocesses too) go to a small queue
   actor on this node; this process prints them into the cell as they come, prefixed `[rank N]`.
 - The first failure (an exception, or a rank's process dying) raises one `DistributedError` naming
   the rank with its traceback (or Ray's account of the death). Afterwards, failed or not, every rank
   actor and the queue are killed, the placement group is removed, and processes the ranks started are
   killed on every node (found by the launch id in their environment). Nothing is left.
+- Every wait on the cluster has an end: starting the actors START_TIMEOUT_S, the ranks' output (and
+  so the function) `stall_timeout`.
 
 Ranks import nbhelpers, torch and what the function imports: these must be installed on every node
 (or shipped with `ray.init(runtime_env={"py_modules": [...]})`).
@@ -37,39 +39,69 @@ import collections
 import contextlib
 import itertools
 import os
+import re
 import select
 import socket
 import sys
 import threading
 import time
 import traceback
+from concurrent.futures import CancelledError
 
-import cloudpickle
-
-from nbhelpers.launcher import DEFAULT_CPU_PROCESSES, DistributedError, _pickle_call, _PrefixedPrinter, _torchrun_environment
+from nbhelpers.launch_contract import (DEFAULT_CPU_PROCESSES, DistributedError, PrefixedPrinter, RankResults, failure_error,
+                                       read_outcome, run_call, torchrun_environment)
 
 PLACEMENT_TIMEOUT_S = 120.0  # to reserve every rank's bundle before giving up
+START_TIMEOUT_S = 120.0  # then to start the rank actors (a Python process each) and hear from them
 OUTPUT_POLL_S = 0.5
 STACK_WAIT_S = 3.0
 CLEANUP_WAIT_S = 5.0
 
 
-def run(fn, args, kwargs, *, name: str, gpus: int | None, output: str, stall_timeout: float | None) -> list:
-    """Run fn(*args, **kwargs) once per rank on the Ray cluster this process is attached to."""
+def run(name: str, payload: bytes, *, gpus: int | None, output: str, stall_timeout: float | None,
+        label: str | None = None, cancel=None, mlflow_run_id: str | None = None, gpu_type: str | None = None
+        ) -> RankResults:
+    """Run pickle_call's call once per rank on the Ray cluster this process is attached to (or the one
+    RAY_ADDRESS names). label, cancel: as nbhelpers.local_engine.run. The ranks' system metrics are not
+    sampled here (`system_metrics` is None; Ray's dashboard shows the nodes'), so mlflow_run_id is unused.
+    """
     import ray
 
+    if not ray.is_initialized() and os.environ.get("RAY_ADDRESS"):
+        ray.init()  # joins the cluster at RAY_ADDRESS
     if not ray.is_initialized():
         raise RuntimeError(
             'engine="ray" runs the function on the Ray cluster this process is attached to, and it is '
             'attached to none: call ray.init(address="auto") (or address="HEAD_IP:6379"; plain ray.init() '
             "starts a one-machine Ray) before the launch."
         )
-    use_gpu, world_size = _world_size(gpus)
-    payload = _pickle_call(fn, args, kwargs)
-    return _RayLaunch(name, payload, world_size, use_gpu, output, stall_timeout).run()
+    use_gpu, world_size = _cluster_world_size(gpus)
+    bundle = {"GPU": 1, "CPU": 1} if use_gpu else {"CPU": 1}
+    bundle.update(_accelerator_resource(gpu_type, use_gpu))
+    return RankResults(_RayLaunch(name, payload, world_size, bundle, output, stall_timeout, label, cancel).run())
 
 
-def _world_size(gpus) -> tuple[bool, int]:
+def _accelerator_resource(gpu_type: str | None, use_gpu: bool) -> dict:
+    """The bundle resource that puts ranks on nodes whose GPUs are `gpu_type` (Ray labels nodes
+    `accelerator_type:H100` and so on); an error naming both when the cluster has none of them."""
+    import ray
+
+    if gpu_type is None:
+        return {}
+    if not use_gpu:
+        print(f"@distributed: gpu_type={gpu_type!r} ignored: the Ray cluster has no GPU, so the ranks run as "
+              "CPU processes (gloo).", file=sys.stderr)
+        return {}
+    types = [k.split(":", 1)[1] for k in ray.cluster_resources() if k.startswith("accelerator_type:")]
+    wanted = set(re.findall(r"[a-z0-9]+", gpu_type.lower()))
+    matching = [t for t in types if wanted <= set(re.findall(r"[a-z0-9]+", t.lower()))]
+    if not matching:
+        raise ValueError(f"gpu_type={gpu_type!r} but the Ray cluster's GPUs are {', '.join(types) or 'of no known type'}. "
+                         "Ask for one of those, or leave gpu_type out to take any GPU of the cluster.")
+    return {f"accelerator_type:{matching[0]}": 0.001}
+
+
+def _cluster_world_size(gpus) -> tuple[bool, int]:
     """(use GPUs?, number of ranks) on this cluster; a count it cannot hold is refused here."""
     import ray
 
@@ -124,7 +156,7 @@ class _Outbox:
         return self.commands[index]
 
 
-class _Rank:
+class _RankActor:
     """One rank: a Ray actor that runs the function in its main thread, its output sent to the outbox."""
 
     def __init__(self, outbox):
@@ -142,23 +174,15 @@ class _Rank:
             return s.getsockname()[1]
 
     def run(self, rank: int, payload: bytes, environ: dict, cwd: str, sys_path: list) -> bytes:
-        from nbhelpers._worker import _to_cpu
-
+        """Run the call; its launch_contract.Outcome as bytes."""
         os.environ.update(environ)
         if os.path.isdir(cwd):
             os.chdir(cwd)
         sys.path.extend(p for p in sys_path if p not in sys.path and os.path.exists(p))
         threading.Thread(target=self._obey, args=(rank, environ["NBHELPERS_LAUNCH_ID"]), daemon=True).start()
         with self._output_to_outbox(rank):
-            try:
-                fn, args, kwargs = cloudpickle.loads(payload)
-                result = _to_cpu(fn(*args, **kwargs))
-                try:
-                    return cloudpickle.dumps(("ok", result))
-                except Exception as exc:
-                    raise TypeError(f"the return value of rank {rank} cannot be pickled: {exc}") from exc
-            except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the notebook must hear of it
-                return cloudpickle.dumps(("error", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+            _, message = run_call(rank, payload)
+        return message
 
     @contextlib.contextmanager
     def _output_to_outbox(self, rank: int):
@@ -278,9 +302,10 @@ def rank_layout(places: list[dict], use_gpu: bool) -> list[tuple[int, dict]]:
 # The launch, seen from the notebook
 
 class _RayLaunch:
-    def __init__(self, name, payload, world_size, use_gpu, output, stall_timeout):
-        self.name, self.payload, self.world_size, self.use_gpu = name, payload, world_size, use_gpu
-        self.output, self.stall_timeout = output, stall_timeout
+    def __init__(self, name, payload, world_size, bundle, output, stall_timeout, label, cancel):
+        self.name, self.payload, self.world_size, self.bundle = name, payload, world_size, bundle
+        self.use_gpu = "GPU" in bundle
+        self.output, self.stall_timeout, self.label, self.cancel = output, stall_timeout, label, cancel
         self.run_id = f"nbhelpers-ray-{os.getpid()}-{time.time_ns()}"
         self.pg = self.outbox = self.take = None
         self.dead_ranks = set()
@@ -299,7 +324,7 @@ class _RayLaunch:
         self._stop_all()
         if failure is not None:
             raise failure
-        return [outcomes[r][1] for r in range(self.world_size)]
+        return [outcomes[r].value for r in range(self.world_size)]
 
     # -- start ----------------------------------------------------------------------------------
     def _start(self):
@@ -310,7 +335,7 @@ class _RayLaunch:
         here = ray.get_runtime_context().get_node_id()
         self.outbox = ray.remote(num_cpus=0)(_Outbox).options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True)).remote()
-        bundle = {"GPU": 1, "CPU": 1} if self.use_gpu else {"CPU": 1}
+        bundle = self.bundle
         self.pg = placement_group([dict(bundle) for _ in range(self.world_size)], strategy="PACK",
                                   name=self.run_id)
         ready, _ = ray.wait([self.pg.ready()], timeout=PLACEMENT_TIMEOUT_S)
@@ -320,7 +345,7 @@ class _RayLaunch:
                 f"{PLACEMENT_TIMEOUT_S:.0f} s: the cluster has {ray.cluster_resources()} in all, "
                 f"{ray.available_resources()} free. Free some (other jobs, idle actors) or ask for fewer."
             )
-        rank_actor = ray.remote(_Rank)
+        rank_actor = ray.remote(_RankActor)
         self.actors = [
             rank_actor.options(
                 num_cpus=1, num_gpus=1 if self.use_gpu else 0, max_restarts=0,
@@ -328,18 +353,32 @@ class _RayLaunch:
             ).remote(self.outbox)
             for i in range(self.world_size)
         ]
-        places = ray.get([a.where.remote() for a in self.actors])
+        places = self._get([a.where.remote() for a in self.actors], "starting the rank actors", START_TIMEOUT_S)
         layout = rank_layout(places, self.use_gpu)
         self.by_rank = [self.actors[i] for i, _ in layout]
         self.places = [places[i] for i, _ in layout]
-        master_port = ray.get(self.by_rank[0].free_port.remote())
+        master_port = self._get(self.by_rank[0].free_port.remote(), "finding a free port on rank 0's node",
+                                START_TIMEOUT_S)
         payload = ray.put(self.payload)  # stored once, fetched by each node
         self.refs = {}
         for rank, (actor, (_, placement)) in enumerate(zip(self.by_rank, layout)):
-            environ = _torchrun_environment(rank, self.world_size, master_port, self.run_id)
+            environ = torchrun_environment(rank, self.world_size, master_port, self.run_id)
             environ.update(placement)
             ref = actor.run.remote(rank, payload, environ, os.getcwd(), list(sys.path))
             self.refs[ref] = rank
+
+    def _get(self, refs, doing: str, timeout: float | None):
+        """ray.get that gives up after `timeout` s (the stall timeout while the ranks run): a cluster that
+        stops answering is a stall too."""
+        import ray
+
+        try:
+            return ray.get(refs, timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise DistributedError(
+                f"the Ray cluster did not answer within {timeout} s while {doing} (for {self.name}()); every "
+                f"rank was stopped. `ray status` shows what the cluster has and does."
+            ) from None
 
     # -- watch ----------------------------------------------------------------------------------
     def _supervise(self):
@@ -351,6 +390,8 @@ class _RayLaunch:
         self.take = self.outbox.take.remote(OUTPUT_POLL_S)
         last_progress = time.monotonic()
         while pending:
+            if self.cancel is not None and self.cancel.is_set():  # the take answers twice a second: noticed then
+                return outcomes, CancelledError(f"{self.label or self.name} was cancelled; its ranks were stopped")
             timeout = None
             if self.stall_timeout is not None:
                 timeout = max(0.0, last_progress + self.stall_timeout - time.monotonic())
@@ -365,14 +406,15 @@ class _RayLaunch:
             rank = pending.pop(ref)
             last_progress = time.monotonic()
             try:
-                outcomes[rank] = cloudpickle.loads(ray.get(ref))
+                outcomes[rank] = read_outcome(ray.get(ref))
             except ray.exceptions.RayActorError as exc:
                 self.dead_ranks.add(rank)
                 self._drain_output()
                 return outcomes, self._rank_died(rank, exc)
             self._drain_output()  # the rank returned only once its last output had reached the outbox
-            if outcomes[rank][0] == "error":
-                return outcomes, self._rank_failed(rank, outcomes[rank])
+            if not outcomes[rank].ok:
+                return outcomes, failure_error(outcomes[rank], rank=rank, world_size=self.world_size, name=self.name,
+                                               context=f"It ran on {self._where(rank)}.\n")
         self._drain_output()
         return outcomes, None
 
@@ -380,7 +422,7 @@ class _RayLaunch:
         """Print what the pending take brought (waiting for it), and start the next take."""
         import ray
 
-        items = ray.get(self.take)
+        items = self._get(self.take, "taking the ranks' output from the outbox actor", self.stall_timeout)
         self.take = self.outbox.take.remote(next_wait)
         self._print(items)
         return bool(items)
@@ -394,7 +436,7 @@ class _RayLaunch:
             key = (rank, stream)
             if key not in self.printers:
                 show = self.output == "all" or rank == 0
-                self.printers[key] = _PrefixedPrinter(rank, stream, show, self.tails[rank])
+                self.printers[key] = PrefixedPrinter(rank, stream, show, self.tails[rank], run=self.label)
             self.printers[key].feed(data)
 
     def _finish_printing(self):
@@ -405,14 +447,6 @@ class _RayLaunch:
     def _where(self, rank) -> str:
         place = self.places[rank]
         return f"node {place['ip']} (node id {place['node_id'][:8]}), pid {place['pid']}"
-
-    def _rank_failed(self, rank, outcome) -> DistributedError:
-        _, summary, remote_tb = outcome
-        return DistributedError(
-            f"rank {rank} of {self.world_size} failed in {self.name}(): {summary}\n"
-            f"It ran on {self._where(rank)}. The other ranks were stopped. Traceback from rank {rank}:\n{remote_tb}",
-            rank=rank, exitcode=1, remote_traceback=remote_tb,
-        )
 
     def _rank_died(self, rank, exc) -> DistributedError:
         self._finish_printing()
@@ -431,7 +465,10 @@ class _RayLaunch:
         self.outbox.command.remote("stacks")
         stacks, deadline = {}, time.monotonic() + STACK_WAIT_S
         while len(stacks) < self.world_size and time.monotonic() < deadline:
-            items = ray.get(self.take)
+            try:
+                items = ray.get(self.take, timeout=STACK_WAIT_S)
+            except ray.exceptions.GetTimeoutError:
+                break
             self.take = self.outbox.take.remote(0.2)
             for rank, stream, data in items:
                 if stream == "stack":
@@ -481,7 +518,7 @@ class _RayLaunch:
             nodes = {p["node_id"] for r, p in enumerate(self.places) if r not in self.dead_ranks}
             deadline = time.monotonic() + CLEANUP_WAIT_S
             while not nodes <= cleaned and time.monotonic() < deadline:
-                items = ray.get(self.take) if self.take is not None else []
+                items = ray.get(self.take, timeout=CLEANUP_WAIT_S) if self.take is not None else []
                 self.take = self.outbox.take.remote(0.2)
                 for rank, stream, data in items:
                     if stream == "cleaned":

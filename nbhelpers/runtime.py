@@ -23,16 +23,6 @@ def get_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", 1))
 
 
-def is_main_process() -> bool:
-    return get_rank() == 0
-
-
-def print0(*args, **kwargs) -> None:
-    """`print` on global rank 0 only."""
-    if get_rank() == 0:
-        print(*args, **kwargs)
-
-
 def device():
     """This rank's device: `cuda:LOCAL_RANK` when CUDA is available, else the CPU."""
     import torch

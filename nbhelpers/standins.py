@@ -15,8 +15,8 @@ template, but random weights and a byte-level BPE trained on data/ (see data/mak
     python -m nbhelpers.standins table                                      # parameter counts
 
 Sizes: `tiny` keeps every special feature of the architecture (MoE experts, sliding/full layer types,
-attention sinks, rope scaling, qk-norm, tied or untied embeddings) at a width of 64, and its vocabulary
-is exactly the tokenizer's. `full` has the published dimensions and vocabulary size; the tokenizer stays
+Qwen3.5's 3:1 linear/full-attention layers, attention sinks, rope scaling, qk-norm, tied or untied
+embeddings) at a width of 64, and its vocabulary is exactly the tokenizer's. `full` has the published dimensions and vocabulary size; the tokenizer stays
 small, so ids above len(tokenizer) are simply never used (real checkpoints pad their vocabularies the
 same way), and the config's special-token ids are the stand-in tokenizer's, not the hub ones.
 GPT-OSS: the hub checkpoints store the MoE experts in MXFP4 (4-bit values in blocks of 32 sharing an
@@ -33,168 +33,22 @@ from pathlib import Path
 
 import torch
 
+from nbhelpers.hub_templates import hub_template
+
 BASE_TOKENIZER = Path(__file__).resolve().parent / "standin_tokenizer.json"
 
 
 # --------------------------------------------------------------------------------------------------
-# Chat templates. Rendered by transformers with trim_blocks/lstrip_blocks: every tag strips the
-# whitespace before it, so only what the expressions print reaches the output ('\n' for newlines).
-# `{% generation %}` marks what the assistant writes after the generation prompt (its content and the
-# end-of-turn token), which `return_assistant_tokens_mask=True` and TRL's assistant-only loss use.
+# Chat templates. A stand-in carries its hub model's own template where nbhelpers/hub_templates.py records
+# it (byte for byte). The templates below are for the families with none recorded; transformers renders them
+# with trim_blocks/lstrip_blocks: every tag strips the whitespace before it, so only what the expressions
+# print reaches the output ('\n' for newlines). `{% generation %}` marks what the assistant writes after the
+# generation prompt (its content and the end-of-turn token), which `return_assistant_tokens_mask=True` and
+# TRL's assistant-only loss use.
 # --------------------------------------------------------------------------------------------------
-LLAMA3_TEMPLATE = r"""
-{{- bos_token }}
-{%- if messages[0]['role'] == 'system' %}
-    {%- set system_message = messages[0]['content'] | trim %}
-    {%- set loop_messages = messages[1:] %}
-{%- else %}
-    {%- set system_message = '' %}
-    {%- set loop_messages = messages %}
-{%- endif %}
-{%- if date_string is not defined %}
-    {%- set date_string = '26 Jul 2024' %}
-{%- endif %}
-{{- '<|start_header_id|>system<|end_header_id|>\n\n' }}
-{{- 'Cutting Knowledge Date: December 2023\nToday Date: ' + date_string + '\n\n' }}
-{{- system_message + '<|eot_id|>' }}
-{%- for message in loop_messages %}
-    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' }}
-    {%- if message['role'] == 'assistant' %}
-        {%- generation %}
-        {{- message['content'] | trim + '<|eot_id|>' }}
-        {%- endgeneration %}
-    {%- else %}
-        {{- message['content'] | trim + '<|eot_id|>' }}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
-{%- endif %}
-"""
-
-# OpenAI harmony: a system header, the caller's system/developer message as developer instructions,
-# and assistant turns on channels. A message's `thinking` (as in HuggingFaceH4/Multilingual-Thinking)
-# goes to the analysis channel, for assistant turns after the last user turn only (the real template
-# drops earlier reasoning too); the final turn of a training conversation ends with <|return|>.
-GPT_OSS_TEMPLATE = r"""
-{%- if reasoning_effort is not defined %}
-    {%- set reasoning_effort = 'medium' %}
-{%- endif %}
-{%- if messages[0]['role'] in ['system', 'developer'] %}
-    {%- set developer_message = messages[0]['content'] %}
-    {%- set loop_messages = messages[1:] %}
-{%- else %}
-    {%- set developer_message = '' %}
-    {%- set loop_messages = messages %}
-{%- endif %}
-{{- '<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n' }}
-{{- 'Knowledge cutoff: 2024-06\nCurrent date: 2025-06-28\n\nReasoning: ' + reasoning_effort + '\n\n' }}
-{{- '# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|>' }}
-{%- if developer_message %}
-    {{- '<|start|>developer<|message|># Instructions\n\n' + developer_message + '\n\n<|end|>' }}
-{%- endif %}
-{%- set ns = namespace(last_user=-1) %}
-{%- for message in loop_messages %}
-    {%- if message['role'] == 'user' %}
-        {%- set ns.last_user = loop.index0 %}
-    {%- endif %}
-{%- endfor %}
-{%- for message in loop_messages %}
-    {%- if message['role'] == 'assistant' %}
-        {{- '<|start|>assistant' }}
-        {%- generation %}
-        {%- if message.thinking and loop.index0 > ns.last_user %}
-            {{- '<|channel|>analysis<|message|>' + message.thinking + '<|end|><|start|>assistant' }}
-        {%- endif %}
-        {{- '<|channel|>final<|message|>' + message['content'] }}
-        {%- if loop.last and not add_generation_prompt %}
-            {{- '<|return|>' }}
-        {%- else %}
-            {{- '<|end|>' }}
-        {%- endif %}
-        {%- endgeneration %}
-    {%- else %}
-        {{- '<|start|>' + message['role'] + '<|message|>' + message['content'] + '<|end|>' }}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|start|>assistant' }}
-{%- endif %}
-"""
-
-QWEN2_TEMPLATE = r"""
-{%- if messages[0]['role'] == 'system' %}
-    {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
-    {%- set loop_messages = messages[1:] %}
-{%- else %}
-    {{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}
-    {%- set loop_messages = messages %}
-{%- endif %}
-{%- for message in loop_messages %}
-    {{- '<|im_start|>' + message['role'] + '\n' }}
-    {%- if message['role'] == 'assistant' %}
-        {%- generation %}
-        {{- message['content'] + '<|im_end|>' }}
-        {%- endgeneration %}
-    {%- else %}
-        {{- message['content'] + '<|im_end|>' }}
-    {%- endif %}
-    {{- '\n' }}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|im_start|>assistant\n' }}
-{%- endif %}
-"""
-
-# Qwen3: reasoning from `reasoning_content` (or a <think> block inside the content) is rendered for
-# assistant turns after the last user turn; the last assistant turn always gets a <think> block (empty
-# without reasoning), which is what `enable_thinking=False` puts in the generation prompt.
-QWEN3_TEMPLATE = r"""
-{%- if messages[0]['role'] == 'system' %}
-    {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
-    {%- set loop_messages = messages[1:] %}
-{%- else %}
-    {%- set loop_messages = messages %}
-{%- endif %}
-{%- set ns = namespace(last_query=-1) %}
-{%- for message in loop_messages %}
-    {%- if message['role'] == 'user' %}
-        {%- set ns.last_query = loop.index0 %}
-    {%- endif %}
-{%- endfor %}
-{%- for message in loop_messages %}
-    {%- if message['role'] == 'assistant' %}
-        {%- set content = message['content'] %}
-        {%- set reasoning = '' %}
-        {%- if message.reasoning_content is string %}
-            {%- set reasoning = message.reasoning_content %}
-        {%- elif '</think>' in content %}
-            {%- set reasoning = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
-            {%- set content = content.split('</think>')[-1].lstrip('\n') %}
-        {%- endif %}
-        {{- '<|im_start|>assistant\n' }}
-        {%- generation %}
-        {%- if loop.index0 > ns.last_query and (loop.last or reasoning) %}
-            {{- '<think>\n' + reasoning.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}
-        {%- else %}
-            {{- content }}
-        {%- endif %}
-        {{- '<|im_end|>' }}
-        {%- endgeneration %}
-        {{- '\n' }}
-    {%- else %}
-        {{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|im_start|>assistant\n' }}
-    {%- if enable_thinking is defined and enable_thinking is false %}
-        {{- '<think>\n\n</think>\n\n' }}
-    {%- endif %}
-{%- endif %}
-"""
-
-# Olmo 3 Instruct: ChatML, with its default function-calling system prompt when none is given.
+# Olmo 3 Instruct: ChatML, with its default function-calling system prompt when none is given. Written from the
+# hub template's behaviour for plain chats (no copy known to equal allenai/Olmo-3-7B-Instruct-SFT's was found
+# offline), with `{% generation %}` marks.
 OLMO3_TEMPLATE = r"""
 {%- if messages[0]['role'] != 'system' %}
     {{- '<|im_start|>system\nYou are a helpful function-calling AI assistant. ' }}
@@ -217,10 +71,12 @@ OLMO3_TEMPLATE = r"""
 """
 
 
+
+
 @dataclass(frozen=True)
 class Family:
     special_tokens: tuple  # added as special tokens after the BPE vocabulary, in the real id order
-    chat_template: str
+    chat_template: str | None = None  # for archs without a recorded hub template (nbhelpers/hub_templates.py)
     added_tokens: tuple = ()  # added, but not special (kept by decode(skip_special_tokens=True))
     prepend_bos: bool = False  # the tokenizer puts bos_token in front of every encoded text
 
@@ -228,14 +84,16 @@ class Family:
 FAMILIES = {
     "llama3": Family(("<|begin_of_text|>", "<|end_of_text|>", "<|finetune_right_pad_id|>", "<|start_header_id|>",
                       "<|end_header_id|>", "<|eom_id|>", "<|eot_id|>", "<|python_tag|>"),
-                     LLAMA3_TEMPLATE, prepend_bos=True),
+                     prepend_bos=True),
     "gpt-oss": Family(("<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>", "<|channel|>", "<|start|>",
-                       "<|end|>", "<|message|>", "<|call|>"), GPT_OSS_TEMPLATE),
-    "qwen2": Family(("<|endoftext|>", "<|im_start|>", "<|im_end|>"), QWEN2_TEMPLATE,
+                       "<|end|>", "<|message|>", "<|call|>")),
+    "qwen2": Family(("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
                     added_tokens=("<tool_call>", "</tool_call>")),
-    "qwen3": Family(("<|endoftext|>", "<|im_start|>", "<|im_end|>"), QWEN3_TEMPLATE,
+    "qwen3": Family(("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
                     added_tokens=("<tool_call>", "</tool_call>", "<think>", "</think>")),
     "olmo3": Family(("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"), OLMO3_TEMPLATE),
+    "qwen3.5": Family(("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+                      added_tokens=("<tool_call>", "</tool_call>", "<think>", "</think>")),
 }
 
 
@@ -278,6 +136,10 @@ QWEN3_TOKENS = dict(bos=None, eos="<|im_end|>", pad="<|endoftext|>", generation_
 QWEN3_TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=16, max_position_embeddings=40960, rms_norm_eps=1e-6,
                   rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+QWEN3_5_SHARED = dict(max_position_embeddings=262144, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                      hidden_act="silu", attention_bias=False, linear_conv_kernel_dim=4,
+                      rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+                                       "mrope_interleaved": True, "mrope_section": [11, 11, 10]})
 
 ARCHS = {
     "gpt-oss-20b": Arch("GptOssConfig", "gpt-oss", "openai/gpt-oss-20b", 20.91e9, **GPT_OSS_TOKENS,
@@ -352,12 +214,33 @@ ARCHS = {
                   rms_norm_eps=1e-6, tie_word_embeddings=True,
                   rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
         tiny=dict(QWEN3_TINY, tie_word_embeddings=True)),
+    # Qwen3.5-27B, the model of the multi-node FSDP2 recipe: a hybrid of 16 x (3 Gated DeltaNet layers + 1 gated
+    # full-attention layer). Sources (the hub is unreachable here): the model card of Qwen/Qwen3.5-27B (27B
+    # parameters, hidden 5120, 64 layers, vocabulary 248,320, that layout; huggingface.co/Qwen/Qwen3.5-27B, commit
+    # 3b29628), and the text_config of its config.json as mirrored in public code (THUDM/slime
+    # scripts/models/qwen3.5-27B.sh and others): 24 query / 4 KV heads of 256 with an output gate, rope theta 1e7
+    # on a quarter of each head (interleaved mrope sections 11/11/10), MLP 17408, linear attention with 16 key
+    # heads and 48 value heads of 128 and a causal conv of width 4, untied embeddings. The class is the text
+    # model transformers loads for that checkpoint with AutoModelForCausalLM (Qwen3_5ForCausalLM); the hub's
+    # vision encoder and multi-token-prediction layer (about 0.9 B more, 27.78 B in its safetensors index) are
+    # not part of it. Built: 26.90 B, 0.4 % under the card's 27 B.
+    "qwen3.5-27b": Arch(
+        "Qwen3_5TextConfig", "qwen3.5", "Qwen/Qwen3.5-27B", 27e9, **QWEN3_TOKENS,
+        full=dict(QWEN3_5_SHARED, hidden_size=5120, intermediate_size=17408, num_hidden_layers=64,
+                  num_attention_heads=24, num_key_value_heads=4, head_dim=256, linear_num_key_heads=16,
+                  linear_num_value_heads=48, linear_key_head_dim=128, linear_value_head_dim=128, vocab_size=248320),
+        # 4 layers keep the 3:1 layout (the default layer_types: every 4th layer is full attention); 3 value heads
+        # per key head as in the full model
+        tiny=dict(QWEN3_5_SHARED, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=6,
+                  linear_key_head_dim=16, linear_value_head_dim=16)),
 }
 SIZES = ("tiny", "full")
 # config.json's quantization_config of the GPT-OSS hub checkpoints: only the experts are MXFP4
 MXFP4_QUANTIZATION = {"quant_method": "mxfp4", "modules_to_not_convert": [
     "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
 MXFP4_TENSORS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+ZERO_CENTRED_NORMS = ("Qwen3_5RMSNorm", "Qwen3_5MoeRMSNorm", "Qwen3NextRMSNorm")  # weight applied as 1 + weight
 FP4_RMS = math.sqrt(sum(v * v for v in (0, 0.5, 1, 1.5, 2, 3, 4, 6)) / 8)  # of the 16 E2M1 codes, drawn uniformly
 
 
@@ -387,7 +270,8 @@ def tokenizer(arch: str):
         ])
     return PreTrainedTokenizerFast(
         tokenizer_object=backend, bos_token=spec.bos, eos_token=spec.eos, pad_token=spec.pad,
-        chat_template=family.chat_template.strip(), model_max_length=spec.full["max_position_embeddings"],
+        chat_template=hub_template(spec.hub_id) or family.chat_template.strip(),
+        model_max_length=spec.full["max_position_embeddings"],
         clean_up_tokenization_spaces=False,
     )
 
@@ -491,7 +375,9 @@ def write_random_weights(model, out: Path, device: str, dtype: torch.dtype = tor
     """Write random weights for a (meta) model's parameters as safetensors shards, one tensor at a time.
 
     Initialisation follows the models' own: normal(0, initializer_range) for matrices, embeddings, expert
-    tensors and attention sinks; ones for norm weights; zeros for biases. Tied weights are written once.
+    tensors and attention sinks; ones for norm weights (zeros for the norms that scale by 1 + weight, as
+    Qwen3.5's); zeros for biases; Gated DeltaNet's decay log A uniform in log(0.01 .. 16) and its dt_bias ones.
+    Tied weights are written once.
     mxfp4_experts: each GPT-OSS expert tensor [E, X, Y] is written as the hub stores it, `NAME_blocks`
     [E, Y, X/32, 16] (two random 4-bit codes per byte) and `NAME_scales` [E, Y, X/32] (a power of two
     giving about the same spread as normal(0, initializer_range)).
@@ -503,8 +389,10 @@ def write_random_weights(model, out: Path, device: str, dtype: torch.dtype = tor
     tensors = []  # (name, parameter, kind)
     for module_name, module in model.named_modules():
         is_norm = "norm" in type(module).__name__.lower()
+        norm_kind = "zeros" if type(module).__name__ in ZERO_CENTRED_NORMS else "ones"
         for name, parameter in module.named_parameters(recurse=False):
-            kind = "ones" if is_norm else "zeros" if name.endswith("bias") else "normal"
+            kind = (norm_kind if is_norm else "log_uniform" if name == "A_log" else "ones" if name == "dt_bias"
+                    else "zeros" if name.endswith("bias") else "normal")
             tensors.append((f"{module_name}.{name}" if module_name else name, parameter, kind))
     seen, unique = set(), []  # (name, shape, kind, dtype)
     for name, parameter, kind in tensors:  # tied parameters are the same object: keep the first name
@@ -538,6 +426,9 @@ def write_random_weights(model, out: Path, device: str, dtype: torch.dtype = tor
                 tensor = torch.randint(0, 256, shape, dtype=tensor_dtype, device=device, generator=generator)
             elif kind == "fp4_scales":
                 tensor = torch.full(shape, scale_exponent, dtype=tensor_dtype, device=device)
+            elif kind == "log_uniform":
+                uniform = torch.empty(shape, device=device).uniform_(0.01, 16, generator=generator)
+                tensor = uniform.log().to(tensor_dtype)
             else:
                 tensor = (torch.ones if kind == "ones" else torch.zeros)(shape, dtype=tensor_dtype, device=device)
             data[name] = tensor.cpu()

@@ -13,8 +13,11 @@ What keeps it on loopback and quiet (Ray 2.60, read from its source):
 - RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0: otherwise ray.init(address="127.0.0.1:PORT") and the nodes'
   own lookups replace 127.0.0.1 by the host's external IP (services.resolve_ip_for_localhost), which
   nothing listens on.
-- The head's address is not left in /tmp/ray/ray_current_cluster, so a plain ray.init() elsewhere on the
-  machine starts its own Ray instead of joining this cluster.
+- Everything Ray writes lives in one scratch folder of this cluster, removed at the end: the nodes'
+  temp_dir, and the head's address file, which ray.cluster_utils writes to RAY_TMPDIR/ray/ray_current_cluster
+  (default $TMPDIR/ray or /tmp/ray, a folder it does not create: on a machine where Ray never ran that was
+  a FileNotFoundError). So a plain ray.init() elsewhere on the machine starts its own Ray instead of
+  joining this cluster, and leftovers of an earlier Ray cannot make the tests pass or fail.
 - RAY_USAGE_STATS_ENABLED=0: no usage report. Still, a cluster not started by ray.init() posts a
   "usage stats disabled" notice to usage-stats.ray.io from its dashboard process;
   RAY_USAGE_STATS_REPORT_URL sends that to a closed local port instead.
@@ -54,26 +57,6 @@ def _environment(**values):
 
 
 @contextlib.contextmanager
-def _address_file_kept():
-    """Starting a head records its address in /tmp/ray/ray_current_cluster, where every later plain
-    `ray.init()` on this machine (other tests, other users) would find it and join this cluster: put
-    back what was there."""
-    from ray._private.utils import get_ray_address_file
-
-    path = get_ray_address_file(None)
-    before = open(path).read() if os.path.exists(path) else None
-    try:
-        yield
-    finally:
-        if before is None:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(path)
-        else:
-            with open(path, "w") as f:
-                f.write(before)
-
-
-@contextlib.contextmanager
 def _loopback_addresses():
     """While inside: this process resolves 127.0.0.1 as 127.0.0.1 (see the module's docstring)."""
     import ray._private.ray_constants as ray_constants
@@ -95,14 +78,15 @@ def start_loopback_cluster(nodes: int = 2, cpus_per_node: int = 1):
     scratch = tempfile.mkdtemp(prefix="rayt-", dir="/tmp")  # short: Ray's unix socket paths must fit 107 bytes
     home = os.path.join(scratch, "home")
     os.makedirs(home)
+    os.makedirs(os.path.join(scratch, "ray"))  # RAY_TMPDIR/ray: where the head's address file goes
     with open(os.path.join(home, "ray_bootstrap_config.yaml"), "w") as f:
         f.write("{}\n")
     common = dict(num_cpus=cpus_per_node, node_ip_address="127.0.0.1", object_store_memory=80 * 2**20)
     cluster = Cluster(shutdown_at_exit=True)
     cluster.scratch = scratch
     try:
-        with _environment(**QUIET_LOOPBACK_ENV), _loopback_addresses():
-            with _environment(HOME=home), _address_file_kept():
+        with _environment(**QUIET_LOOPBACK_ENV, RAY_TMPDIR=scratch), _loopback_addresses():
+            with _environment(HOME=home):
                 cluster.add_node(include_dashboard=False, temp_dir=os.path.join(scratch, "t"), **common)
             for _ in range(nodes - 1):
                 cluster.add_node(**common)

@@ -10,12 +10,14 @@ import pytest
 import torch
 from datasets import load_dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
-
-from nbhelpers.extraction import parse_json_object, score_extractions
+from trl.chat_template_utils import get_training_chat_template
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 sys.path.insert(0, str(DATA))
 import make_text_datasets  # noqa: E402
+
+sys.path.insert(0, str(DATA.parent / "recipes" / "deepspeed_qwen3_8b_invoices"))
+from extraction import parse_json_object, score_extractions  # noqa: E402  (the invoice recipe's scorer)
 
 COLUMNS = {
     "multilingual_thinking": {"reasoning_language", "developer", "user", "analysis", "final", "messages"},
@@ -104,10 +106,12 @@ def test_extraction_with_an_extra_key_matches_every_field_but_is_not_exact():
 
 
 def _encode(tokenizer, rows):
-    """Token ids and assistant-only labels of each conversation (the model learns the reasoning and answer)."""
-    encoded = []
+    """Token ids and assistant-only labels of each conversation (the model learns the reasoning and answer), with
+    the template TRL's assistant-only loss swaps in for the hub model's."""
+    encoded, template = [], get_training_chat_template(tokenizer)
     for messages in rows["messages"]:
-        rendered = tokenizer.apply_chat_template(messages, return_dict=True, return_assistant_tokens_mask=True)
+        rendered = tokenizer.apply_chat_template(messages, chat_template=template, return_dict=True,
+                                                 return_assistant_tokens_mask=True)
         ids = torch.tensor(rendered["input_ids"])
         encoded.append((ids, torch.where(torch.tensor(rendered["assistant_masks"]).bool(), ids, -100)))
     return encoded

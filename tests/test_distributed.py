@@ -1,20 +1,28 @@
 """The `@distributed` launcher: one test per behaviour of DESIGN.md's contract (CPU, gloo, 2 ranks)."""
+import ast
+import concurrent.futures
 import json
+import linecache
 import multiprocessing
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
 import time
+
+from pathlib import Path
 
 import psutil
 import pytest
 import torch
 import torch.distributed as dist
 
-import nbhelpers.launcher as launcher
+import nbhelpers
+import nbhelpers.local_engine as local_engine
 from nbhelpers import DistributedError, backend, distributed
+from stall_checks import assert_a_stall_names_every_ranks_stack
 from timed_stream import TimedStream
 
 TORCHRUN_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -46,6 +54,53 @@ def assert_nothing_left_running(root_pid=None):
     assert not left, f"processes left running: {[(p.pid, p.cmdline()) for p in left]}"
 
 
+# --- the package -----------------------------------------------------------------------------------
+
+def nbhelpers_imports() -> dict:
+    """{module: the nbhelpers modules its code imports}, imports inside functions (lazy) included."""
+    package = Path(nbhelpers.__file__).parent
+    modules = {"nbhelpers"} | {f"nbhelpers.{p.stem}" for p in package.glob("*.py") if p.stem != "__init__"}
+    graph = {}
+    for path in package.glob("*.py"):
+        module = "nbhelpers" if path.stem == "__init__" else f"nbhelpers.{path.stem}"
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module if not node.level else ".".join(["nbhelpers", node.module or ""]).rstrip(".")
+                submodules = {f"{base}.{a.name}" for a in node.names} & modules
+                imported |= submodules or {base}  # `from nbhelpers import local_engine` imports the submodule
+        graph[module] = (imported & modules) - {module}
+    return graph
+
+
+def test_the_import_graph_of_nbhelpers_has_no_circle():
+    graph = nbhelpers_imports()
+    done, path = set(), []
+
+    def visit(module):
+        assert module not in path, "import circle: " + " -> ".join(path[path.index(module):] + [module])
+        if module in done:
+            return
+        path.append(module)
+        for imported in sorted(graph[module]):
+            visit(imported)
+        path.pop()
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module)
+
+
+def test_the_engines_share_one_contract_and_import_neither_each_other_nor_the_decorator():
+    graph = nbhelpers_imports()
+    for engine in ("nbhelpers.local_engine", "nbhelpers.ray_engine"):
+        assert "nbhelpers.launch_contract" in graph[engine]
+        assert not graph[engine] & {"nbhelpers.local_engine", "nbhelpers.ray_engine", "nbhelpers.launcher", "nbhelpers"}, graph[engine]
+    assert graph["nbhelpers.launch_contract"] == set()
+
+
 # --- how many processes --------------------------------------------------------------------------
 
 def test_without_gpus_the_default_is_two_cpu_processes_on_gloo():
@@ -68,7 +123,7 @@ def test_gpus_sets_the_number_of_cpu_processes_without_gpus():
 
 
 def test_more_gpus_than_visible_is_refused_before_anything_starts(monkeypatch):
-    monkeypatch.setattr(launcher, "_visible_gpu_count", lambda: 2)
+    monkeypatch.setattr(local_engine, "_visible_gpu_count", lambda: 2)
     with pytest.raises(ValueError, match=r"gpus=4 but only 2 GPU\(s\) are visible"):
         distributed(gpus=4)(lambda: None)
     decorated = distributed(lambda: None)
@@ -85,8 +140,22 @@ def test_gpus_below_one_or_not_a_whole_number_is_refused(bad):
 
 
 def test_with_gpus_visible_the_default_is_one_process_per_gpu(monkeypatch):
-    monkeypatch.setattr(launcher, "_visible_gpu_count", lambda: 3)
-    assert launcher._world_size(None) == 3
+    monkeypatch.setattr(local_engine, "_visible_gpu_count", lambda: 3)
+    assert local_engine.world_size(None) == 3
+
+
+def test_without_gpus_more_cpu_ranks_than_the_cores_hold_are_refused_before_anything_starts(monkeypatch):
+    monkeypatch.setattr(local_engine, "_visible_gpu_count", lambda: 0)
+    cores = local_engine._usable_cores()
+    message = (rf"gpus=1000000 but no GPU is visible, so every rank would be a CPU process, and this machine has "
+               rf"{cores} CPU core\(s\): at most {2 * cores} CPU ranks")
+    with pytest.raises(ValueError, match=message):
+        distributed(gpus=10**6)(lambda: None)
+    decorated = distributed(lambda: None)
+    decorated.gpus = 10**6
+    with pytest.raises(ValueError, match=message):
+        decorated.distributed()
+    assert not leftover_processes(), "a process was started before the refusal"
 
 
 # --- how the processes are made ------------------------------------------------------------------
@@ -165,6 +234,60 @@ def test_each_rank_gets_the_torchrun_environment_with_a_free_loopback_port():
     assert len({e["MASTER_PORT"] for e in envs}) == 1 and int(envs[0]["MASTER_PORT"]) > 0
 
 
+def listening_sockets(pids):
+    return [c for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN and c.pid in pids]
+
+
+LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
+
+
+def test_nothing_a_launch_opens_listens_beyond_loopback(tmp_path):
+    @distributed
+    def rendezvous_then_wait(ready_dir):
+        dist.init_process_group("gloo")
+        dist.all_reduce(torch.ones(1))
+        open(os.path.join(ready_dir, os.environ["RANK"]), "w").close()
+        while not os.path.exists(os.path.join(ready_dir, "listed")):
+            time.sleep(0.05)
+        dist.barrier()
+        dist.destroy_process_group()
+        return int(os.environ["MASTER_PORT"])
+
+    me = psutil.Process()
+    before = {(c.pid, c.laddr) for c in listening_sockets({me.pid})}
+    found = []
+
+    def list_while_the_ranks_wait():
+        try:
+            deadline = time.monotonic() + 300
+            while len(os.listdir(tmp_path)) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            launch = {me.pid} | {p.pid for p in me.children(recursive=True)}
+            found.extend(c for c in listening_sockets(launch) if (c.pid, c.laddr) not in before)
+        finally:
+            (tmp_path / "listed").touch()
+
+    watcher = threading.Thread(target=list_while_the_ranks_wait)
+    watcher.start()
+    ports = rendezvous_then_wait.distributed(str(tmp_path))
+    watcher.join()
+    assert ports[0] in {c.laddr.port for c in found}, f"rank 0's rendezvous store was not among {found}"
+    assert {c.laddr.ip for c in found} <= LOOPBACK, f"listening beyond loopback: {found}"
+
+
+def test_a_plain_call_listens_on_loopback_only():
+    @distributed
+    def rendezvous_here():
+        dist.init_process_group("gloo")
+        listening = listening_sockets({os.getpid()})
+        dist.destroy_process_group()
+        return listening, int(os.environ["MASTER_PORT"])
+
+    listening, port = rendezvous_here()
+    assert port in {c.laddr.port for c in listening}
+    assert {c.laddr.ip for c in listening} <= LOOPBACK, listening
+
+
 def test_ranks_see_the_callers_current_environment_variables(monkeypatch):
     monkeypatch.setenv("COOKBOOK_SETTING", "set-after-the-server-started")
 
@@ -206,6 +329,49 @@ def test_two_launches_at_the_same_time_on_one_host_both_succeed():
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err
         assert "[2.0, 2.0]" in out
+
+
+THREADED_LAUNCHES = """
+import pickle, sys, threading
+from nbhelpers import distributed
+
+class Point:  # defined in the script: plain pickle finds it through sys.modules["__main__"]
+    def __init__(self, x):
+        self.x = x
+
+@distributed(gpus=1)
+def make_point(x):
+    return Point(x)
+
+main_module, main_file = sys.modules["__main__"], __file__
+errors = []
+
+def launch_repeatedly(offset):
+    try:
+        for i in range(5):
+            assert make_point.distributed(offset + i)[0].x == offset + i
+    except BaseException as exc:
+        errors.append(repr(exc))
+
+threads = [threading.Thread(target=launch_repeatedly, args=(100 * t,)) for t in range(2)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+assert not errors, errors
+assert sys.modules["__main__"] is main_module, "__main__ was left replaced"
+assert sys.modules["__main__"].__file__ == main_file, "__main__.__file__ was left hidden"
+assert pickle.loads(pickle.dumps(Point(3))).x == 3
+print("the script's classes still pickle")
+"""
+
+
+def test_launches_from_two_threads_leave_the_scripts_classes_picklable(tmp_path):
+    script = tmp_path / "two_threads.py"
+    script.write_text(THREADED_LAUNCHES)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "the script's classes still pickle" in proc.stdout
 
 
 # --- results and plain calls -----------------------------------------------------------------------
@@ -376,59 +542,384 @@ def test_a_rank_that_exits_without_returning_is_an_error():
     assert_nothing_left_running()
 
 
-def test_a_stall_dumps_every_ranks_python_stack_then_kills_them():
-    @distributed(stall_timeout=2)
-    def stalls():
-        def wait_here_for_ever():
-            time.sleep(300)
+def _dies_in_a_collective(how):
+    dist.init_process_group("gloo")
+    dist.barrier()
+    if dist.get_rank() == 1:
+        time.sleep(0.2)  # rank 0 waits in all_reduce by now
+        if how == "SIGKILL":
+            os.kill(os.getpid(), signal.SIGKILL)
+        os._exit(7)
+    dist.all_reduce(torch.ones(1))  # fails with "Connection closed by peer" once rank 1 is gone
+    time.sleep(300)
 
-        print("started")
-        wait_here_for_ever()
 
-    started = time.monotonic()
+@pytest.mark.parametrize("attempt", range(20))
+@pytest.mark.parametrize("how", ["SIGKILL", "os._exit"])
+def test_the_rank_that_died_is_blamed_not_the_peer_whose_collective_broke(how, attempt):
     with pytest.raises(DistributedError) as caught:
-        stalls.distributed()
-    message = str(caught.value)
-    assert time.monotonic() - started < 15
-    assert "no rank of stalls() made progress (no output) for 2 s" in message
-    for rank in (0, 1):
-        section = message.split(f"--- rank {rank} ---")[1].split("--- rank")[0]
-        assert "wait_here_for_ever" in section, f"rank {rank}'s stack is missing:\n{message}"
+        distributed(_dies_in_a_collective).distributed(how)
+    err = caught.value
+    assert err.rank == 1, str(err)
+    if how == "SIGKILL":
+        assert (err.signal_name, err.exitcode) == ("SIGKILL", -9)
+    else:
+        assert err.exitcode == 7 and str(err).startswith("rank 1 of 2 exited with code 7 without returning")
     assert_nothing_left_running()
 
 
+def test_a_ranks_traceback_shows_the_lines_of_code_that_exists_only_in_this_process():
+    cell = "def parse(text):\n    return int(text)  # the line a reader must see\n"
+    filename = "/nonexistent/ipykernel_0/cell.py"  # as a notebook cell: no file, its lines live in linecache
+    linecache.cache[filename] = (len(cell), None, cell.splitlines(True), filename)
+    namespace = {}
+    exec(compile(cell, filename, "exec"), namespace)
+    parse = namespace["parse"]
+
+    @distributed
+    def parse_on_every_rank():
+        return parse("not a number" if os.environ["RANK"] == "1" else "1")
+
+    try:
+        with pytest.raises(DistributedError) as caught:
+            parse_on_every_rank.distributed()
+    finally:
+        del linecache.cache[filename]
+    assert (f'File "{filename}", line 2, in parse\n    return int(text)  # the line a reader must see'
+            in caught.value.remote_traceback)
+
+
+DOUBLE_INTERRUPTS = """
+import signal, sys, time
+import nbhelpers
+import nbhelpers.local_engine as local_engine
+from nbhelpers import distributed
+
+local_engine.TERMINATE_GRACE_S = 1.0  # the second interrupt (after 0.5 s) arrives while the stop waits on SIGTERM
+
+@distributed
+def stubborn():
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # busy in C code, or a handler of its own: only SIGKILL ends it
+    print("running", flush=True)
+    time.sleep(300)
+
+kept = []  # each traceback, and with it the launch's objects, stays alive: as a notebook's sys.last_traceback
+for attempt in range(int(sys.argv[1])):
+    try:
+        stubborn.distributed()
+    except KeyboardInterrupt as exc:
+        kept.append(exc)
+    print(f"attempt {attempt} ended", flush=True)
+    sys.stdin.readline()
+"""
+
+
+def test_a_second_interrupt_during_the_stop_leaves_no_rank_running(tmp_path):
+    attempts = 20
+    script = tmp_path / "double_interrupts.py"
+    script.write_text(DOUBLE_INTERRUPTS)
+    proc = subprocess.Popen([sys.executable, str(script), str(attempts)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, bufsize=1)
+    try:
+        for attempt in range(attempts):
+            running = 0
+            while running < 2:
+                line = proc.stdout.readline()
+                assert line, f"the script ended in attempt {attempt} with code {proc.wait()}"
+                running += line.endswith("] running\n")
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.5)
+            proc.send_signal(signal.SIGINT)
+            while (line := proc.stdout.readline()) != f"attempt {attempt} ended\n":
+                assert line, f"the script ended in attempt {attempt} with code {proc.wait()}"
+            assert_nothing_left_running(proc.pid)
+            proc.stdin.write("\n")
+        proc.stdin.close()
+        proc.wait(timeout=120)  # a clean exit: the script's fork server and its temporary folder go too
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_stall_dumps_every_ranks_python_stack_then_kills_them():
+    assert_a_stall_names_every_ranks_stack(2)
+    assert_nothing_left_running()
+
+
+# --- serverless_gpu's signature, runs in the background, GPU leases, system metrics (issue 19) -------
+
+SERVERLESS_GPU_CELL = """
+from serverless_gpu import distributed
+import os
+import torch
+import torch.distributed as dist
+
+@distributed(gpus=2, gpu_type="H100", remote=False)
+def run_train():
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    total = torch.ones(1)
+    dist.all_reduce(total)
+    dist.destroy_process_group()
+    return {"rank": int(os.environ["RANK"]), "sum": total.item()}
+
+results = run_train.distributed()
+"""
+
+
+def test_a_cell_written_for_serverless_gpu_runs_with_only_the_import_changed(capsys):
+    cell = SERVERLESS_GPU_CELL.replace("from serverless_gpu import distributed", "from nbhelpers import distributed")
+    namespace = {}
+    exec(compile(cell, "<a serverless_gpu cell>", "exec"), namespace)
+    assert namespace["results"] == [{"rank": 0, "sum": 2.0}, {"rank": 1, "sum": 2.0}]
+    said = capsys.readouterr().err
+    assert said.count("gpu_type='H100' ignored: no GPU is visible here") == 1, said
+
+
+def simulate_gpus(monkeypatch, tmp_path, count, name="NVIDIA H200"):
+    """This process sees `count` GPUs named `name` (the ranks still run on the CPU, with gloo), leased in
+    a folder of this test's own."""
+    monkeypatch.setattr(local_engine, "_visible_gpu_count", lambda: count)
+    monkeypatch.setattr(local_engine, "_gpu_names", lambda gpus: [name] * len(gpus))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("NBHELPERS_GPU_LEASE_DIR", str(tmp_path / "leases"))
+
+
+def test_a_gpu_type_other_than_the_visible_gpus_is_refused_at_decoration(monkeypatch, tmp_path):
+    simulate_gpus(monkeypatch, tmp_path, 2)
+    with pytest.raises(ValueError, match=r"gpu_type='A10' but the GPUs visible here are NVIDIA H200 \(2x\)"):
+        distributed(gpus=2, gpu_type="A10")(lambda: None)
+    with pytest.raises(ValueError, match="gpu_type='H100'"):
+        distributed(gpu_type="H100")(lambda: None)
+    distributed(gpus=2, gpu_type="h200")(lambda: None)  # the name as the GPU's product name has it, any case
+    assert not leftover_processes()
+
+
+def test_remote_without_a_ray_cluster_is_refused_at_once_with_what_to_do():
+    code = "from nbhelpers import distributed\ndistributed(gpus=2, gpu_type='A10', remote=True)(print)"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode != 0
+    assert "attached to none" in proc.stderr and 'ray.init(address="HEAD_IP:6379") (or set RAY_ADDRESS)' in proc.stderr
+    with pytest.raises(ValueError, match='remote=True runs on a Ray cluster'):
+        distributed(remote=True, engine="local")(print)
+
+
+def _meet(folder, count):
+    """Say this rank has started (its CUDA_VISIBLE_DEVICES), then wait until `count` ranks have."""
+    gpu = os.environ.get("CUDA_VISIBLE_DEVICES")
+    open(os.path.join(folder, f"started-{gpu}"), "w").close()
+    deadline = time.monotonic() + 120
+    while len([f for f in os.listdir(folder) if f.startswith("started-")]) < count:
+        assert time.monotonic() < deadline, "the other run never started: the runs did not overlap"
+        time.sleep(0.05)
+    return gpu
+
+
+def test_two_runs_in_the_background_run_at_once_on_different_gpus(monkeypatch, tmp_path):
+    simulate_gpus(monkeypatch, tmp_path, 2)
+    meet = distributed(gpus=1)(_meet)
+    runs = [meet.distributed_async(str(tmp_path), 2) for _ in range(2)]
+    gpus = [run.result(timeout=300)[0] for run in runs]
+    assert sorted(gpus) == ["0", "1"]
+    assert_nothing_left_running()
+
+
+def _hold_until_released(folder, name):
+    open(os.path.join(folder, f"{name}-{os.getpid()}"), "w").close()
+    while not os.path.exists(os.path.join(folder, "release")):
+        time.sleep(0.05)
+    return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def wait_for_file(folder, prefix):
+    deadline = time.monotonic() + 300
+    while not (found := [f for f in os.listdir(folder) if f.startswith(prefix)]):
+        assert time.monotonic() < deadline, f"no {prefix}* in {folder}"
+        time.sleep(0.05)
+    return int(found[0].rsplit("-", 1)[1])
+
+
+def test_a_launch_waits_for_the_gpu_another_launch_holds(monkeypatch, tmp_path, capsys):
+    simulate_gpus(monkeypatch, tmp_path, 1)
+    hold = distributed(gpus=1)(_hold_until_released)
+    first = hold.distributed_async(str(tmp_path), "first")
+    wait_for_file(tmp_path, "first-")
+    second = hold.distributed_async(str(tmp_path), "second")
+    deadline = time.monotonic() + 60
+    while "waiting for 1 GPU(s)" not in capsys.readouterr().err:
+        assert time.monotonic() < deadline, "the second launch did not say that it waits"
+        time.sleep(0.05)
+    assert not second.done() and not [f for f in os.listdir(tmp_path) if f.startswith("second-")]
+    (tmp_path / "release").touch()
+    assert first.result(timeout=300) == ["0"] and second.result(timeout=300) == ["0"]
+    assert_nothing_left_running()
+
+
+HOLDS_GPU_0 = """
+import sys, time
+from nbhelpers.gpu_lease import GpuLease
+with GpuLease(["0", "1"], 1, holder="another notebook") as gpus:
+    print("holding", gpus, flush=True)
+    time.sleep(300)
+"""
+
+
+def test_the_gpu_lease_is_seen_by_every_process_of_the_host(monkeypatch, tmp_path):
+    simulate_gpus(monkeypatch, tmp_path, 2)
+    other = subprocess.Popen([sys.executable, "-c", HOLDS_GPU_0], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline() == "holding ['0']\n"
+
+        @distributed(gpus=1)
+        def gpu():
+            return os.environ["CUDA_VISIBLE_DEVICES"]
+
+        assert gpu.distributed() == ["1"]
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_cancelling_one_run_stops_its_ranks_and_nothing_else(monkeypatch, tmp_path):
+    simulate_gpus(monkeypatch, tmp_path, 2)
+    hold = distributed(gpus=1)(_hold_until_released)
+    cancelled, kept = hold.distributed_async(str(tmp_path), "cancelled"), hold.distributed_async(str(tmp_path), "kept")
+    cancelled_pid, kept_pid = wait_for_file(tmp_path, "cancelled-"), wait_for_file(tmp_path, "kept-")
+    assert cancelled.cancel()
+    with pytest.raises(concurrent.futures.CancelledError):
+        cancelled.result()
+    assert not psutil.pid_exists(cancelled_pid) or psutil.Process(cancelled_pid).status() == psutil.STATUS_ZOMBIE
+    assert kept.running() and psutil.Process(kept_pid).status() != psutil.STATUS_ZOMBIE
+    (tmp_path / "release").touch()
+    assert kept.result(timeout=300) in (["0"], ["1"])
+    assert_nothing_left_running()
+
+
+def test_output_of_a_run_in_the_background_names_the_run_and_the_rank(monkeypatch):
+    stream = TimedStream()
+    monkeypatch.setattr(sys, "stdout", stream)
+
+    @distributed
+    def talk():
+        print("hello")
+
+    run = talk.distributed_async()
+    run.result(timeout=300)
+    assert f"[{run.name} rank 0] hello\n" in stream.text() and f"[{run.name} rank 1] hello\n" in stream.text()
+
+
+def _busy(seconds):
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        sum(range(10_000))
+
+
+def test_a_launch_returns_its_ranks_system_metrics():
+    results = distributed(_busy).distributed(3)
+    metrics = results.system_metrics
+    assert all(n >= 2 for n in metrics["samples_per_rank"]), metrics
+    assert all(cpu > 0 for cpu in metrics["cpu_utilization_percent_mean"]), metrics
+    assert all(memory > 10 * 2**20 for memory in metrics["host_memory_peak_bytes"]), metrics
+    assert metrics["gpu_utilization_percent_mean"] is None and metrics["gpu_memory_peak_bytes"] is None  # no GPU
+
+
+def test_system_metrics_arrive_in_the_active_mlflow_run(tmp_path):
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    try:
+        with mlflow.start_run() as run:
+            distributed(_busy).distributed(3)
+        client = mlflow.tracking.MlflowClient()
+        for rank in (0, 1):
+            cpu = client.get_metric_history(run.info.run_id, f"system/rank_{rank}_cpu_utilization_percentage")
+            memory = client.get_metric_history(run.info.run_id, f"system/rank_{rank}_memory_usage_megabytes")
+            assert len(cpu) >= 2 and any(m.value > 0 for m in cpu), cpu
+            assert memory and all(m.value > 10 for m in memory), memory
+    finally:
+        mlflow.set_tracking_uri(None)
+
+
+# --- a real Jupyter kernel, one for these tests; they come last: it lives until the module ends ---------
+
 KERNEL_LAUNCH = """
-import time
+import os, signal, time
 from nbhelpers import distributed
 
 @distributed
 def sleeps():
     print("ranks are running", flush=True)
     time.sleep(300)
+
+@distributed
+def stubborn():
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # only SIGKILL ends it: the stop takes TERMINATE_GRACE_S
+    print("ranks are running", flush=True)
+    time.sleep(300)
+
+@distributed
+def parse_on_every_rank():
+    text = "not a number" if os.environ["RANK"] == "1" else "1"
+    return int(text)  # the line a reader must see
 """
 
 
-def test_interrupting_the_kernel_stops_every_rank():
+@pytest.fixture(scope="module")
+def kernel():
+    """A real Jupyter kernel with KERNEL_LAUNCH run in a cell: (manager, client, that cell's number)."""
     from jupyter_client.manager import start_new_kernel
 
     km, kc = start_new_kernel(kernel_name="python3")
     try:
-        kc.execute_interactive(KERNEL_LAUNCH, timeout=60)
-        msg_id = kc.execute("sleeps.distributed()")
-        seen = ""
-        deadline = time.monotonic() + 60
-        while seen.count("ranks are running") < 2 and time.monotonic() < deadline:
-            msg = kc.get_iopub_msg(timeout=60)
-            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
-                seen += msg["content"]["text"]
-        assert "[rank 1] ranks are running" in seen
-        kernel_pid = km.provisioner.process.pid
-        assert len(leftover_processes(kernel_pid)) >= 2
-        km.interrupt_kernel()
-        reply = kc.get_shell_msg(timeout=30)
-        assert reply["content"]["status"] == "error"
-        assert reply["content"]["ename"] == "KeyboardInterrupt"
-        assert_nothing_left_running(kernel_pid)
+        reply = kc.execute_interactive(KERNEL_LAUNCH, timeout=120, output_hook=lambda msg: None)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        yield km, kc, reply["content"]["execution_count"]
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def start_and_wait_until_running(kc, code):
+    msg_id = kc.execute(code)
+    seen = ""
+    deadline = time.monotonic() + 120
+    while seen.count("ranks are running") < 2 and time.monotonic() < deadline:
+        msg = kc.get_iopub_msg(timeout=120)
+        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+            seen += msg["content"]["text"]
+    assert "[rank 0] ranks are running" in seen and "[rank 1] ranks are running" in seen, seen
+
+
+def test_interrupting_the_kernel_stops_every_rank(kernel):
+    km, kc, _ = kernel
+    start_and_wait_until_running(kc, "sleeps.distributed()")
+    kernel_pid = km.provisioner.process.pid
+    assert len(leftover_processes(kernel_pid)) >= 2
+    km.interrupt_kernel()
+    reply = kc.get_shell_msg(timeout=30)
+    assert reply["content"]["status"] == "error"
+    assert reply["content"]["ename"] == "KeyboardInterrupt"
+    assert_nothing_left_running(kernel_pid)
+
+
+def test_interrupting_the_kernel_twice_leaves_no_rank_running(kernel):
+    km, kc, _ = kernel
+    kernel_pid = km.provisioner.process.pid
+    for attempt in range(3):  # the kernel keeps each traceback (sys.last_traceback), and the launch's objects
+        start_and_wait_until_running(kc, "stubborn.distributed()")
+        km.interrupt_kernel()
+        time.sleep(0.5)
+        km.interrupt_kernel()
+        reply = kc.get_shell_msg(timeout=60)
+        assert reply["content"]["ename"] == "KeyboardInterrupt", reply["content"]
+        assert_nothing_left_running(kernel_pid)
+
+
+def test_a_ranks_traceback_in_a_notebook_names_the_cell_and_shows_its_line(kernel):
+    km, kc, launch_cell = kernel
+    reply = kc.execute_interactive("parse_on_every_rank.distributed()", timeout=120, output_hook=lambda msg: None)
+    content = reply["content"]
+    assert content["ename"] == "DistributedError"
+    source_line = "    return int(text)  # the line a reader must see"
+    number = KERNEL_LAUNCH.strip().splitlines().index(source_line) + 1  # IPython drops the cell's leading blank line
+    assert f"Cell In[{launch_cell}], line {number}, in parse_on_every_rank\n{source_line}" in content["evalue"]

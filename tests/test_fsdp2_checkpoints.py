@@ -1,66 +1,147 @@
-"""The FSDP2 notebook's distributed checkpoints: a killed run resumes to exactly the uninterrupted run's
-losses, and a checkpoint whose save was cut short by a crash is never resumed from.
+"""The FSDP2 notebook's distributed checkpoints (issue 16 §3, issue 18): a killed run, rerun with the same
+command, resumes to exactly the uninterrupted run's losses; a checkpoint whose save was cut short, whose bytes
+changed after it was written, or whose shard was truncated is never resumed from; a checkpoint whose weights
+were already broken when it was saved stops the run at its first loss.
 
-Each scenario runs the notebook with papermill (2 CPU processes, gloo, deterministic) on a small
-Transformer: 12 steps, a checkpoint every 4. The crashes are real: the notebook's `stop_after_step` and
-`crash_while_saving_step` parameters SIGKILL the last rank, so no clean-up code runs.
+Each scenario runs the notebook with papermill (2 CPU processes, gloo, deterministic) on a small Transformer:
+12 steps, a checkpoint every 4, the newest 2 kept. The crashes are real: test hooks (tests/hooks) SIGKILL the
+last rank after an optimizer step or inside a checkpoint write, so no clean-up code runs; the hooks' records
+show that they did (which rank the launcher's error blames is the launcher's tests' concern). Damaged checkpoints
+are copies of those two runs' checkpoints, damaged as a disk or a user would: 256 bytes of one weight
+overwritten, a shard cut in half.
 """
+import shutil
+
 import papermill
 import pytest
+from torch.distributed.checkpoint import FileSystemReader
 
-from harness import run_notebook
+from harness import hook_records, output_text, run_notebook
+from nbhelpers import checkpoints
 from notebook_cases import NotebookCase
 
 NOTEBOOK = "notebooks/pytorch/fsdp2_transformer.ipynb"
 SMALL_RUN = {
-    "num_gpus": None, "num_layers": 2, "width": 64, "num_heads": 4, "seq_len": 32, "num_samples": 2048,
-    "eval_samples": 64, "batch_size": 16, "steps": 12, "warmup_steps": 2, "learning_rate": 0.001,
-    "checkpoint_every": 4,
+    "num_gpus": None, "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 256,
+    "max_length": 32, "num_samples": 2048, "num_eval_samples": 64, "per_device_train_batch_size": 16, "max_steps": 12,
+    "warmup_steps": 2, "learning_rate": 0.001, "save_steps": 4,
 }
+A_WEIGHT = "app.model.blocks.0.mlp.0.weight"
 
 pytestmark = pytest.mark.notebook
 
 
-def run(workdir, checkpoint_dir, **parameters):
-    case = NotebookCase(NOTEBOOK, parameters={**SMALL_RUN, "output_dir": "{output_dir}",
-                                              "checkpoint_dir": str(checkpoint_dir), **parameters}, timeout=150)
-    metrics, _ = run_notebook(case, workdir)
-    return metrics
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """One MLflow store for every run here, as for the runs of one project (made once: it takes seconds)."""
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
+def run(workdir, store, hooks=()):
+    """The notebook with SMALL_RUN into workdir/output; the same workdir again is the same command again."""
+    case = NotebookCase(NOTEBOOK, parameters={**SMALL_RUN, "output_dir": "{output_dir}", "mlflow_tracking_uri": store},
+                        timeout=150, hooks=hooks)
+    metrics, executed = run_notebook(case, workdir)
+    return metrics, output_text(executed)
+
+
+def fails(workdir, store, match, hooks=()):
+    with pytest.raises(papermill.PapermillExecutionError, match=match):
+        run(workdir, store, hooks)
+
+
+def killed(workdir, store, hook):
+    """Run with test hook `hook` (name=value); it must have killed the last rank (rank 1), which stops the run."""
+    with pytest.raises(papermill.PapermillExecutionError):
+        run(workdir, store, hooks=(hook,))
+    name, value = hook.split("=")
+    records = hook_records(workdir, name)
+    assert [r["rank"] for r in records] == [1], f"{hook} should have killed rank 1 once: {records}"
+    return records[0]
 
 
 def complete(checkpoint_dir):
-    return sorted(p.name for p in checkpoint_dir.iterdir() if not p.name.endswith(".tmp"))
+    return sorted((p.name for p in checkpoint_dir.iterdir() if not p.name.endswith(".tmp")), key=lambda n: int(n[5:]))
+
+
+def copied(checkpoint_dir, workdir):
+    """A copy of `checkpoint_dir` where a run in `workdir` resumes from it."""
+    return shutil.copytree(checkpoint_dir, workdir / "output" / "checkpoints")
+
+
+def overwrite_256_bytes_of_a_weight(folder):
+    """256 bytes of 0xff (NaN as float32, at any alignment) in the middle of one stored shard of A_WEIGHT."""
+    stored = FileSystemReader(folder).read_metadata().storage_data
+    where = next(info for index, info in stored.items() if index.fqn == A_WEIGHT)
+    with open(folder / where.relative_path, "r+b") as shard:
+        shard.seek(where.offset + where.length // 2)
+        shard.write(b"\xff" * 256)
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    root = tmp_path_factory.mktemp("uninterrupted")
-    metrics = run(root / "run", root / "checkpoints")
-    assert metrics["resumed_from_step"] is None and len(metrics["losses"]) == SMALL_RUN["steps"]
-    return metrics
+def uninterrupted(tmp_path_factory, store):
+    workdir = tmp_path_factory.mktemp("uninterrupted")
+    metrics, _ = run(workdir, store)
+    assert metrics["resumed_from"] is None and len(metrics["losses"]) == SMALL_RUN["max_steps"]
+    assert metrics["checkpoints"] == ["step_8", "step_12"]
+    return metrics, workdir / "output" / "checkpoints"
 
 
-def test_killed_run_resumes_to_the_same_losses(tmp_path, uninterrupted):
-    checkpoints = tmp_path / "checkpoints"
-    with pytest.raises(papermill.PapermillExecutionError, match="SIGKILL"):
-        run(tmp_path / "killed", checkpoints, stop_after_step=6)
-    assert complete(checkpoints) == ["step_4"], "the run should have died after its step-4 checkpoint"
-
-    resumed = run(tmp_path / "resumed", checkpoints)
-    assert resumed["resumed_from_step"] == 4
-    assert resumed["losses"] == uninterrupted["losses"], "resuming must reproduce the uninterrupted run exactly"
+@pytest.fixture(scope="module")
+def killed_after_step_6(tmp_path_factory, store):
+    """The checkpoints of a run whose last rank was killed right after step 6: step_4 only."""
+    workdir = tmp_path_factory.mktemp("killed")
+    assert killed(workdir, store, "kill_rank_after_optimizer_step=6")["step"] == 6
+    assert complete(workdir / "output" / "checkpoints") == ["step_4"], "it should have died after its step-4 checkpoint"
+    return workdir / "output" / "checkpoints"
 
 
-def test_checkpoint_cut_short_by_a_crash_is_never_resumed_from(tmp_path, uninterrupted):
-    checkpoints = tmp_path / "checkpoints"
-    with pytest.raises(papermill.PapermillExecutionError, match="SIGKILL"):
-        run(tmp_path / "crashed", checkpoints, crash_while_saving_step=8)
-    partial = checkpoints / "step_8.tmp"
+def test_killed_run_resumes_to_the_same_losses(tmp_path, store, uninterrupted, killed_after_step_6):
+    copied(killed_after_step_6, tmp_path)
+    resumed, _ = run(tmp_path, store)
+    assert resumed["resumed_from"] == "step_4"
+    assert resumed["losses"] == uninterrupted[0]["losses"], "resuming must reproduce the uninterrupted run exactly"
+
+
+def test_checkpoint_cut_short_by_a_crash_is_never_resumed_from(tmp_path, store, uninterrupted):
+    checkpoint_dir = tmp_path / "output" / "checkpoints"
+    record = killed(tmp_path, store, "kill_rank_while_writing_checkpoint=2")  # the second save: step 8
+    assert record["path"].endswith("step_8.tmp"), record
+    partial = checkpoint_dir / "step_8.tmp"
     assert partial.is_dir(), "the crash should have left the step-8 checkpoint half written"
     assert not (partial / ".metadata").exists(), "the crash should have come before the save finished"
-    assert complete(checkpoints) == ["step_4"]
+    assert complete(checkpoint_dir) == ["step_4"]
 
-    resumed = run(tmp_path / "resumed", checkpoints)
-    assert resumed["resumed_from_step"] == 4, "resume must take the last complete checkpoint, not the cut one"
-    assert resumed["skipped_incomplete_checkpoints"] == ["step_8.tmp"]
-    assert resumed["losses"] == uninterrupted["losses"]
+    resumed, text = run(tmp_path, store)
+    assert resumed["resumed_from"] == "step_4", "resume must take the last complete checkpoint, not the cut one"
+    assert "ignoring unfinished saves" in text and "step_8.tmp" in text
+    assert resumed["losses"] == uninterrupted[0]["losses"]
+
+
+def test_a_checkpoint_changed_after_it_was_written_is_passed_over_for_the_one_before(tmp_path, store, uninterrupted):
+    checkpoint_dir = copied(uninterrupted[1], tmp_path)
+    overwrite_256_bytes_of_a_weight(checkpoint_dir / "step_12")
+
+    resumed, text = run(tmp_path, store)
+    assert f"checkpoint {checkpoint_dir / 'step_12'} is not usable" in text and "does not match its checksum" in text
+    assert f"using {checkpoint_dir / 'step_8'} instead" in text
+    assert resumed["resumed_from"] == "step_8"
+    assert resumed["losses"] == uninterrupted[0]["losses"], "every loss finite, as in the uninterrupted run"
+    assert complete(checkpoint_dir) == ["step_8", "step_12"], "rotation kept the good one; step 12 saved anew"
+    for folder in checkpoint_dir.iterdir():
+        checkpoints.verify(folder)
+
+
+def test_a_checkpoint_saved_with_broken_weights_stops_the_resumed_run_at_its_first_loss(
+        tmp_path, store, killed_after_step_6):
+    checkpoint_dir = copied(killed_after_step_6, tmp_path)
+    overwrite_256_bytes_of_a_weight(checkpoint_dir / "step_4")
+    checkpoints.seal(checkpoint_dir / "step_4", {"step": 4})  # the checksums match: broken before it was sealed
+    fails(tmp_path, store, r"the first loss after resuming from \S*step_4 is nan")
+
+
+def test_a_truncated_shard_names_the_checkpoint_folder_and_what_to_do(tmp_path, store, killed_after_step_6):
+    checkpoint_dir = copied(killed_after_step_6, tmp_path)
+    shard = max((checkpoint_dir / "step_4").glob("*.distcp"), key=lambda p: p.stat().st_size)
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    fails(tmp_path, store, rf"(?s){checkpoint_dir / 'step_4'}: {shard.name} is \d+ bytes.*truncated.*What to do")

@@ -1,4 +1,4 @@
-"""nbhelpers.hf: tokens/s after the warm-up steps."""
+"""nbhelpers.hf: tokens/s after the warm-up steps; clear errors for a model or dataset that cannot be found."""
 from types import SimpleNamespace
 
 import pytest
@@ -37,3 +37,41 @@ def test_step_timer_records_the_trainers_token_count():
     timer = StepTimer()
     timer.on_step_end(None, SimpleNamespace(num_input_tokens_seen=42), None)
     assert timer.tokens == [42] and len(timer.times) == 1
+
+
+def test_a_missing_local_model_folder_is_named_and_not_looked_up_on_the_hub(tmp_path):
+    from nbhelpers.hf import NotFoundError, find_model
+
+    with pytest.raises(NotFoundError, match=f"no such file or folder: {tmp_path / 'nope'}.*on disk only"):
+        find_model(str(tmp_path / "nope"))
+    with pytest.raises(NotFoundError, match="holds no config.json"):
+        find_model(str(tmp_path))
+
+
+def test_a_hub_model_that_cannot_be_fetched_says_where_it_looked_and_how_to_pass_a_token(monkeypatch):
+    from nbhelpers.hf import NotFoundError, find_model
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(NotFoundError) as error:
+        find_model("meta-llama/Llama-3.2-1B-Instruct")
+    for said in ("'meta-llama/Llama-3.2-1B-Instruct' is not a folder on disk", "HF_HUB_OFFLINE=1", "gated",
+                 "HF_TOKEN", "hf auth login"):
+        assert said in str(error.value)
+
+
+def test_a_missing_local_dataset_folder_is_named(tmp_path):
+    from nbhelpers.hf import NotFoundError, find_dataset
+
+    with pytest.raises(NotFoundError, match=f"no such file or folder: {tmp_path / 'capybara'}"):
+        find_dataset(str(tmp_path / "capybara"))
+    assert find_dataset("trl-lib/Capybara") == "trl-lib/Capybara"  # a hub id: datasets looks it up
+
+
+def test_push_to_hub_without_a_token_says_how_to_pass_one(monkeypatch, tmp_path):
+    from nbhelpers.hf import check_push_to_hub
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr("huggingface_hub.constants.HF_TOKEN_PATH", str(tmp_path / "token"))  # no `hf auth login`
+    check_push_to_hub(False, "")  # not pushing: nothing to check
+    with pytest.raises(ValueError, match="HF_TOKEN.*hf auth login"):
+        check_push_to_hub(True, "me/model")

@@ -52,3 +52,19 @@ def test_mlflow_tracking_uri_defaults_to_one_store_beside_every_run(tmp_path):
     assert mlflow_tracking_uri(tmp_path / "runs" / "a") == mlflow_tracking_uri(tmp_path / "runs" / "b")
     assert mlflow_tracking_uri(tmp_path / "runs" / "a") == f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
     assert mlflow_tracking_uri(tmp_path / "runs" / "a", "http://mlflow:5000") == "http://mlflow:5000"
+
+
+def test_mlflow_experiment_of_a_local_store_keeps_its_artifacts_beside_the_store(tmp_path, monkeypatch):
+    import mlflow
+
+    from nbhelpers.metrics import mlflow_experiment, mlflow_tracking_uri
+
+    monkeypatch.chdir(tmp_path)  # MLflow's default would be ./mlruns here
+    uri = mlflow_tracking_uri(tmp_path / "runs" / "a")
+    (tmp_path / "runs").mkdir()
+    first = mlflow_experiment("notebook", uri)
+    assert mlflow_experiment("notebook", uri) == first  # the same experiment the second time
+    with mlflow.start_run():
+        mlflow.log_text("hello", "note.txt")
+    assert list((tmp_path / "runs" / "mlartifacts").rglob("note.txt"))
+    assert not (tmp_path / "mlruns").exists()

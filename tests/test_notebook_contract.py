@@ -17,22 +17,8 @@ RECIPES = sorted(p.name for p in (REPO / "recipes").iterdir() if (p / "train.py"
 
 # Issue 17: the notebooks and recipes not yet converted to the conventions. Their convention test is expected
 # to fail (strict: once one passes, the test fails until its name is taken out of the set).
-NOT_YET_CONVERTED = {
-    "notebooks/choose_your_technique.ipynb",
-    "notebooks/lightning/ddp_two_tower.ipynb",
-    "notebooks/pytorch/ddp_retinanet.ipynb",
-    "notebooks/pytorch/fsdp2_transformer.ipynb",
-    "notebooks/trl/ddp_gpt_oss_20b.ipynb",
-    "notebooks/trl/deepspeed_llama_3_2_1b.ipynb",
-    "notebooks/trl/fsdp_gpt_oss_120b.ipynb",
-}
-NOT_YET_RENAMED_RECIPES = {
-    "deepspeed_qwen3_8b_invoices",
-    "fsdp2_qwen3_multinode",
-    "fsdp_llama_3_1_8b_multinode",
-    "ray_qwen2_5_3b",
-    "ray_resnet50",
-}
+NOT_YET_CONVERTED: set = set()
+NOT_YET_RENAMED_RECIPES: set = set()
 MAX_CELL_LINES = 40
 # Test machinery that belongs in tests/hooks or nbhelpers, never in a lesson.
 TEST_ONLY_NAMES = ("patch_for_cpu", "trl_cpu", "stop_after_step", "crash_while_saving_step", "CrashWhileWriting",

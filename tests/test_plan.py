@@ -1,6 +1,8 @@
 """nbhelpers.plan: hand-counted parameter and optimizer terms, the activation formula against the bytes
 autograd really saves, clear answers to bad inputs, and the estimates against measured GPU peaks."""
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -8,7 +10,8 @@ import torch
 from transformers import GptOssConfig, LlamaConfig
 
 from nbhelpers import standins
-from nbhelpers.plan import GIB, activation_bytes_per_token, count_parameters, load_model, plan
+from nbhelpers.plan import (GIB, NF4_BYTES, OFFLOAD_TECHNIQUES, TECHNIQUES, activation_bytes_per_token, build_parser,
+                            count_parameters, load_model, plan)
 
 REPO = Path(__file__).resolve().parents[1]
 # Written by benchmarks/gpu/planner.sh on the 2x H200 machine; the lead copies them here.
@@ -74,6 +77,14 @@ def test_pure_bf16_keeps_two_byte_adam_states_and_no_master():
     assert bytes_of(result.estimate("zero3"), "optimizer") == pytest.approx(4 * p / 4)
 
 
+def test_fused_adamw_needs_no_step_temporaries():
+    p = tiny_llama_parameters_by_hand()
+    foreach = plan(LlamaConfig(**TINY_LLAMA), gpus=2, gpu_memory_gib=80).estimate("fsdp")
+    fused = plan(LlamaConfig(**TINY_LLAMA), gpus=2, gpu_memory_gib=80, fused_adamw=True).estimate("fsdp")
+    assert bytes_of(foreach, "temporaries") == pytest.approx(4 * p / 2)  # foreach AdamW's fp32 sqrt(v), sharded
+    assert bytes_of(fused, "temporaries") == 0
+
+
 def test_lora_trains_only_the_adapters():
     p = tiny_llama_parameters_by_hand()
     adapters = 2 * (8 * (64 + 64) + 8 * (64 + 32))  # r=8 on q_proj (64->64) and v_proj (64->32), 2 layers
@@ -128,7 +139,7 @@ def saved_bytes(arch, layers, batch, seq_len, autocast):
     ids = torch.randint(0, model.config.vocab_size, (batch, seq_len), generator=torch.Generator().manual_seed(0))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            model(input_ids=ids, labels=ids)
+            model(input_ids=ids, labels=ids, use_cache=False)
     return sum(saved.values()), model.config
 
 
@@ -145,6 +156,42 @@ def test_activation_formula_matches_what_autograd_saves(arch, autocast):
     # per logit that exist only while the loss is differentiated.
     head_saved = (one - (two - one)) / tokens
     assert head_saved == pytest.approx(formula["head"] - 8 * config.vocab_size, rel=0.01)
+
+
+@pytest.mark.parametrize("seq_len", [192, 100])  # three whole chunks of 64; two chunks, the second padded
+def test_qwen3_5_layers_match_what_autograd_saves(seq_len):
+    # The tiny stand-in keeps the 3:1 layout: 1-2 layers are Gated DeltaNet, the 4th full attention.
+    batch, tokens = 2, 2 * seq_len
+    saved = {n: saved_bytes("qwen3.5-27b", n, batch, seq_len, False)[0] for n in (1, 2, 3, 4)}
+    config = standins.config("qwen3.5-27b", "tiny")
+    formula = activation_bytes_per_token(config, seq_len, "sdpa")
+    linear, full = formula["layers"][0], formula["layers"][3]
+    assert formula["layers"] == [linear, linear, linear, full] and linear > full
+    assert (saved[2] - saved[1]) / tokens == pytest.approx(linear, rel=0.01)
+    assert (saved[4] - saved[3]) / tokens == pytest.approx(full, rel=0.01)  # (+ cos/sin once: < 0.5 %)
+    head_saved = (saved[1] - (saved[2] - saved[1])) / tokens
+    assert head_saved == pytest.approx(formula["head"] - 8 * config.vocab_size, rel=0.01)
+
+
+def test_qwen3_5_layers_under_ddp_autocast_are_within_ten_percent():
+    saved = {n: saved_bytes("qwen3.5-27b", n, 2, 192, True)[0] for n in (1, 2, 3, 4)}
+    formula = activation_bytes_per_token(standins.config("qwen3.5-27b", "tiny"), 192, "sdpa", fp32_residual=True)
+    assert (saved[2] - saved[1]) / 384 == pytest.approx(formula["layers"][0], rel=0.10)
+    assert (saved[4] - saved[3]) / 384 == pytest.approx(formula["layers"][3], rel=0.10)
+
+
+def test_the_fast_linear_attention_kernels_keep_less_than_the_fallback():
+    config = standins.config("qwen3.5-27b", "full")
+    torch_layer = activation_bytes_per_token(config, 4096, "sdpa")["layers"][0]
+    fla_layer = activation_bytes_per_token(config, 4096, "sdpa", linear_attention="fla")["layers"][0]
+    # By hand, per token at full width: 48 value heads of 128 (q, k repeated to 48), 10,240 conv channels,
+    # chunks of 64 (4096 tokens: no padding). The fallback keeps the conv's output too (10,240 x 2 x 4099 / 4096)
+    # and in its rule: fp32 q, k and their norms (8 * 48 * 128 + 8 * 48 = 49,536), five 64-wide fp32 matrices
+    # per head (20 * 48 * 64 = 61,440), six q/k and three v copies (24 * 48 * 128 + 12 * 48 * 128 = 221,184), the
+    # chunk states (4 * 48 * 128 * 128 / 64 = 49,152), beta and decays (16 * 48 = 768): 382,080. fla keeps bf16
+    # q, k, v (4 * 48 * 128 + 2 * 48 * 128 = 36,864), norms and decay (12 * 48 = 576), A (2 * 48 * 64 = 6,144).
+    assert torch_layer - fla_layer == pytest.approx(2 * 10240 * 4099 / 4096 + 382_080 - (36_864 + 576 + 6_144))
+    assert torch_layer - fla_layer > 0.45 * torch_layer
 
 
 def test_checkpointing_keeps_layer_inputs_and_shrinks_activations():
@@ -183,8 +230,8 @@ def test_recommends_fsdp_when_parameters_must_be_sharded_too():
 
 
 def test_a_model_that_fits_nowhere_gets_alternatives():
-    result = plan("gpt-oss-120b", gpus=1, gpu_memory_gib=79.6)
-    assert result.recommended is None
+    result = plan("gpt-oss-120b", gpus=1, gpu_memory_gib=79.6, cpu_memory_gib=512)  # offload needs ~2 TiB
+    assert result.recommended is None and result.offload is None
     assert result.advice.startswith("fits nowhere")
     assert any("LoRA" in s for s in result.suggestions) and any("GPUs" in s for s in result.suggestions)
     assert "fits nowhere" in repr(result)
@@ -216,6 +263,101 @@ def test_local_folder_with_config_json_plans_like_the_standin(tmp_path):
 def test_folder_without_config_json_says_so(tmp_path):
     with pytest.raises(ValueError, match="config.json"):
         plan(str(tmp_path))
+
+
+# --------------------------------------------------------------------------------------------------
+# Qwen3.5-27B on the seed's 4 x 8 H100 and on H200s (the FSDP2 recipe: seq 4096, one sequence per GPU)
+# --------------------------------------------------------------------------------------------------
+QWEN3_5_27B = 26_895_998_464  # tests/test_standins.py counts it by hand
+QWEN3_5_ROOT = 2 * 248320 * 5120 + 5120  # untied embedding and lm_head, final norm
+QWEN3_5_LARGEST_LAYER = 383_273_184  # a Gated DeltaNet layer (a full-attention one has 372,255,232)
+
+
+def qwen3_5_27b_plan(gpus, memory, **kwargs):
+    return plan("qwen3.5-27b", gpus=gpus, gpu_memory_gib=memory, seq_len=4096, checkpointing=True, **kwargs)
+
+
+def test_qwen3_5_27b_fsdp2_states_are_the_hand_counted_bytes():
+    counts = count_parameters(load_model("qwen3.5-27b")[1])
+    assert (counts.total, counts.root, counts.layer) == (QWEN3_5_27B, QWEN3_5_ROOT, QWEN3_5_LARGEST_LAYER)
+    fsdp = qwen3_5_27b_plan(8, 140.4).estimate("fsdp")
+    assert bytes_of(fsdp, "optimizer") == pytest.approx(12 * QWEN3_5_27B / 8)  # fp32 master + Adam, sharded
+    assert bytes_of(fsdp, "parameters") == pytest.approx(2 * QWEN3_5_ROOT + 2 * 2 * QWEN3_5_LARGEST_LAYER)
+    assert bytes_of(fsdp, "gradients") == pytest.approx(4 * QWEN3_5_27B / 8 + 6 * QWEN3_5_LARGEST_LAYER)
+
+
+def test_qwen3_5_27b_full_fine_tune_fits_the_seeds_32_h100s_with_fsdp2():
+    result = qwen3_5_27b_plan(32, 79.6)
+    assert result.fits("fsdp") and result.estimate("fsdp").total < 79.6 / 2  # room for a larger micro-batch
+    assert not result.fits("zero2")  # unsharded bf16 weights (50 GiB) plus activations do not fit 80 GB
+
+
+def test_qwen3_5_27b_on_8_h200s_fits_fsdp2_without_offload():
+    result = qwen3_5_27b_plan(8, 140.4)
+    assert result.fits("fsdp") and result.recommended is not None and result.offload is None
+
+
+def test_qwen3_5_27b_on_2_h200s_fits_only_with_cpu_offload_and_a_large_host():
+    # 20 bytes per parameter in host memory with FSDP2's CPUOffloadPolicy (fp32 shard, fp32 gradient, Adam m and
+    # v, the step's sqrt(v)): 538 GB for both GPUs, more than the 256 GiB of the lent 2 x H200 machine.
+    small_host = qwen3_5_27b_plan(2, 140.4, cpu_memory_gib=256)
+    assert small_host.recommended is None and small_host.offload is None
+    assert bytes_of(small_host.estimate("fsdp_offload"), "cpu") == pytest.approx(20 * QWEN3_5_27B / 2)
+    assert any("CPU offload" in s and "(have 256)" in s for s in small_host.suggestions)
+    large_host = qwen3_5_27b_plan(2, 140.4, cpu_memory_gib=1024)
+    assert large_host.recommended is None and large_host.offload == "fsdp_offload"
+    assert "CPU offload" in large_host.advice
+
+
+def test_cpu_offload_keeps_only_gathered_units_and_activations_on_the_gpu():
+    p = tiny_llama_parameters_by_hand()
+    result = plan(LlamaConfig(**TINY_LLAMA), gpus=2, gpu_memory_gib=80)
+    offload, zero3 = result.estimate("fsdp_offload"), result.estimate("zero3_offload")
+    layer = 64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 128 + 2 * 64
+    assert bytes_of(offload, "optimizer") == 0 and bytes_of(zero3, "optimizer") == 0
+    assert bytes_of(offload, "parameters") == pytest.approx(2 * (1000 * 64 + 64) + 2 * 2 * layer)
+    assert bytes_of(offload, "cpu") == pytest.approx(20 * p / 2)  # fp32 shard + grad, Adam m, v, sqrt(v)
+    assert bytes_of(zero3, "cpu") == pytest.approx(18 * p / 2)  # bf16 partition, fp32 master + Adam, fp32 grad
+    assert bytes_of(result.estimate("fsdp"), "cpu") == 0
+
+
+def test_qlora_stores_the_layers_linears_in_four_bits():
+    p = tiny_llama_parameters_by_hand()
+    linears = 2 * (64 * 64 + 64 * 32 + 64 * 32 + 64 * 64 + 3 * 64 * 128)  # q, k, v, o, gate, up, down; 2 layers
+    adapters = 2 * 16 * (64 + 64 + 64 + 32 + 64 + 32 + 64 + 64 + 2 * (64 + 128) + 128 + 64)  # r=16, all linear
+    assert NF4_BYTES == pytest.approx(0.516, abs=0.001)  # 4 bits + 8-bit absmax / 64 + fp32 / (64 * 256)
+    result = plan(LlamaConfig(**TINY_LLAMA), gpus=1, gpu_memory_gib=80, lora_rank=16, quantization="nf4")
+    assert result.trainable == adapters and result.fine_tune == "QLoRA r=16 (nf4)"
+    ddp = result.estimate("ddp")
+    base = 2 * (p - linears) + NF4_BYTES * linears  # embeddings and norms stay bf16
+    assert bytes_of(ddp, "parameters") == pytest.approx(2 * adapters + base + 2 * 64 * 128)  # + one dequantised
+    lora = plan(LlamaConfig(**TINY_LLAMA), gpus=1, gpu_memory_gib=80, lora_rank=16).estimate("ddp")
+    assert ddp.parameters < lora.parameters
+
+
+def test_four_bit_without_lora_is_refused_with_advice():
+    with pytest.raises(ValueError, match="pass lora_rank"):
+        plan(LlamaConfig(**TINY_LLAMA), quantization="nf4")
+
+
+def test_cli_json_holds_every_technique_and_the_answer():
+    command = [sys.executable, "-m", "nbhelpers.plan", "qwen3.5-27b", "--gpus", "8", "--gpu-memory", "140.4",
+               "--seq-len", "4096", "--checkpointing", "--json"]
+    out = subprocess.run(command, check=True, capture_output=True, text=True, cwd=REPO, timeout=120).stdout
+    data = json.loads(out)
+    expected = qwen3_5_27b_plan(8, 140.4)
+    assert set(data["estimates"]) == set(TECHNIQUES + OFFLOAD_TECHNIQUES)
+    assert data["recommended"] == expected.recommended and data["linear_attention"] == "torch"
+    assert data["estimates"]["fsdp"]["total"] == pytest.approx(expected.estimate("fsdp").total)
+
+
+def test_cli_help_lists_the_known_architectures_and_every_flag_explains_itself():
+    parser = build_parser()
+    undocumented = [a.dest for a in parser._actions if not a.help]
+    assert not undocumented
+    text = parser.format_help()
+    assert all(arch in text for arch in standins.ARCHS)
+    assert "(default: 79.6)" in text and "(default: 2048)" in text
 
 
 # --------------------------------------------------------------------------------------------------

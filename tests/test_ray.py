@@ -1,15 +1,16 @@
-"""Ray: `@distributed(engine="ray")` across the nodes of a Ray cluster, and the two Ray Train recipes.
+"""Ray: `@distributed(engine="ray")` across the nodes of a Ray cluster (the Ray Train recipes: test_ray_recipes.py).
 
 Everything here shares one 2-node Ray cluster on 127.0.0.1 with one CPU per node (tests/ray_cluster.py:
 loopback only, telemetry and cloud probing off), started once for this module and stopped after it, so
-two ranks or two Ray Train workers always land on two different nodes.
+two ranks always land on two different nodes.
 """
-import json
+import concurrent.futures
+import contextlib
 import os
 import subprocess
 import sys
+import threading
 import time
-from pathlib import Path
 
 import psutil
 import pytest
@@ -17,19 +18,13 @@ import ray
 import torch
 import torch.distributed as dist
 from ray_cluster import connect, start_loopback_cluster, stop_loopback_cluster
+from stall_checks import assert_a_stall_names_every_ranks_stack
 from timed_stream import TimedStream
 
 from nbhelpers import DistributedError, distributed
 from nbhelpers.ray_engine import rank_layout
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "data"))
-from make_image_folders import make_image_folders  # noqa: E402
-
 TORCHRUN_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
-# Ray Train's preemption watcher (node-drain notices, irrelevant here) costs one more process per
-# worker group on a 2-core machine.
-RECIPE_TEST_SETTINGS = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -48,7 +43,7 @@ def ray_cluster():
 def leftovers():
     """What a launch could leave behind: live rank/outbox actors, placement groups, processes of a launch."""
     actors = [a["ActorClassName"] for a in ray._private.state.actors().values()  # GCS view; the state API needs a dashboard
-              if a["State"] != "DEAD" and a["ActorClassName"] in ("_Rank", "_Outbox")]
+              if a["State"] != "DEAD" and a["ActorClassName"] in ("_RankActor", "_Outbox")]
     groups = [g["name"] for g in ray.util.placement_group_table().values() if g["state"] != "REMOVED"]
     processes = []
     for p in psutil.process_iter():
@@ -133,7 +128,7 @@ def test_a_failing_rank_raises_one_error_naming_it_and_nothing_is_left_on_any_no
     err = caught.value
     assert err.rank == 1
     assert str(err).startswith("rank 1 of 2 failed in fails_on_rank_1(): ValueError: no shard for rank 1")
-    assert "in fails_on_rank_1\nValueError: no shard for rank 1" in err.remote_traceback  # (by value: no source line)
+    assert 'raise ValueError("no shard for rank 1")\nValueError: no shard for rank 1' in err.remote_traceback  # its own line
     assert_nothing_left()
     assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "3171"]]
 
@@ -153,6 +148,77 @@ def test_a_rank_whose_process_dies_is_named_with_its_last_output():
     assert err.rank == 1
     assert "rank 1 of 2 died without returning from killed()" in str(err)
     assert "[rank 1] about to be killed" in str(err)
+    assert_nothing_left()
+
+
+def test_a_stall_dumps_every_ranks_python_stack_then_kills_them_on_every_node():
+    assert_a_stall_names_every_ranks_stack(6, engine="ray")
+    assert_nothing_left()
+
+
+def test_a_ray_cluster_that_stops_answering_is_a_stall_too(monkeypatch):
+    out = TimedStream()
+    monkeypatch.setattr(sys, "stdout", out)
+
+    @distributed(engine="ray", stall_timeout=6)
+    def prints_for_ever():
+        while True:
+            print("still here", flush=True)
+            time.sleep(0.5)
+
+    frozen = []
+
+    def freeze_the_outbox():  # the actor that carries the ranks' output to this process stops answering
+        deadline = time.monotonic() + 120
+        while "[rank 1] still here" not in out.text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for p in psutil.process_iter(["cmdline"]):
+            if "_Outbox" in " ".join(p.info["cmdline"] or []):
+                p.suspend()
+                frozen.append(p)
+
+    freezer = threading.Thread(target=freeze_the_outbox)
+    freezer.start()
+    try:
+        with pytest.raises(DistributedError, match="no rank of prints_for_ever"):
+            prints_for_ever.distributed()
+    finally:
+        freezer.join()
+        for p in frozen:
+            with contextlib.suppress(psutil.Error):
+                p.resume()
+    assert frozen, "found no outbox process to freeze"
+    assert_nothing_left()
+
+
+def test_remote_true_runs_on_the_attached_ray_cluster(capsys):
+    @distributed(gpus=2, gpu_type="H100", remote=True)  # as written for serverless_gpu
+    def where():
+        return os.environ["RANK"], ray.get_runtime_context().get_node_id()
+
+    results = where.distributed()
+    assert [rank for rank, _ in results] == ["0", "1"] and results[0][1] != results[1][1]
+    assert "gpu_type='H100' ignored: the Ray cluster has no GPU" in capsys.readouterr().err
+    assert_nothing_left()
+
+
+def test_cancelling_a_ray_run_in_the_background_stops_its_ranks(monkeypatch):
+    out = TimedStream()
+    monkeypatch.setattr(sys, "stdout", out)
+
+    @distributed(engine="ray")
+    def runs_for_ever():
+        print("running", flush=True)
+        time.sleep(300)
+
+    run = runs_for_ever.distributed_async()
+    deadline = time.monotonic() + 120
+    while out.text().count("running") < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert f"[{run.name} rank 1] running" in out.text()
+    assert run.cancel()
+    with pytest.raises(concurrent.futures.CancelledError):
+        run.result()
     assert_nothing_left()
 
 
@@ -198,44 +264,3 @@ def test_the_test_cluster_listens_on_loopback_only():
     listening = [c for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN and c.pid in ray_processes]
     assert listening, "found no listening Ray process to check"
     assert {c.laddr.ip for c in listening} <= {"127.0.0.1", "::ffff:127.0.0.1"}, listening
-
-
-# --- the Ray Train recipes, run as their READMEs say ---------------------------------------------
-
-def run_recipe(recipe: str, args: list, env: dict, output_dir: Path, timeout: int) -> dict:
-    proc = subprocess.run([sys.executable, str(REPO / "recipes" / recipe / "train.py"), *map(str, args),
-                           "--num-workers", "2", "--output-dir", str(output_dir)],
-                          env={**env, **RECIPE_TEST_SETTINGS}, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"{recipe} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
-    return json.loads((output_dir / "metrics.json").read_text())
-
-
-def test_ray_resnet50_resumes_from_its_last_checkpoint_after_a_worker_is_killed_and_its_loss_falls(ray_cluster, tmp_path):
-    images = make_image_folders(tmp_path / "images", train_per_class=16, val_per_class=4, size=32)
-    metrics = run_recipe("ray_resnet50", [
-        "--data", images, "--weights", "none", "--epochs", 3, "--batch-size", 16, "--image-size", 32,
-        "--loader-workers", 0, "--fail-once-at-epoch", 1,
-    ], ray_cluster, tmp_path / "out", timeout=600)
-    assert metrics["killed_worker"], "the test hook did not kill a worker"
-    epochs = metrics["epochs"]
-    assert [e["epoch"] for e in epochs] == [0, 1, 2], "an epoch ran twice or not at all: not resumed from the checkpoint"
-    # The first worker group trained epoch 0 and died in epoch 1; the second began at epoch 1, from
-    # the checkpoint of epoch 0 (a restart from scratch would report started_at_epoch 0 again).
-    assert [e["started_at_epoch"] for e in epochs] == [0, 1, 1]
-    assert metrics["worker_group_starts"] == [0, 1]
-    assert metrics["world_size"] == 2
-    assert metrics["final_loss"] < 0.95 * metrics["initial_loss"], metrics["losses"]
-    assert all(e["images_per_s"] > 0 and e["epoch_s"] > 0 for e in epochs)
-
-
-def test_ray_qwen2_5_3b_full_fine_tune_lowers_the_loss_on_two_workers(ray_cluster, standin, tmp_path):
-    metrics = run_recipe("ray_qwen2_5_3b", [
-        "--model", standin("qwen2.5-3b"), "--data", REPO / "data" / "alpaca", "--seq-len", 128,
-        "--max-steps", 30, "--lr", 2e-3, "--log-every", 5, "--timing-warmup-steps", 2,
-    ], ray_cluster, tmp_path / "out", timeout=600)
-    assert metrics["world_size"] == 2
-    assert [h["step"] for h in metrics["history"]] == [5, 10, 15, 20, 25, 30]
-    assert metrics["final_loss"] < 0.6 * metrics["initial_loss"], metrics["losses"]
-    assert metrics["tokens_per_s"] > 0
-    saved = Path(metrics["checkpoint"])
-    assert (saved / "config.json").exists() and (saved / "model.safetensors").exists()

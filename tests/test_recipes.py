@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 import uuid
 from pathlib import Path
@@ -15,6 +16,10 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+
+from mlflow_runs import assert_logged_text_generator, tracked_runs
+
+from nbhelpers import checkpoints
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
@@ -85,7 +90,7 @@ def assert_sharded_over_both_nodes(metrics: dict) -> None:
 
 def load_recipe_module(recipe: str, name: str):
     path = RECIPES / recipe / f"{name}.py"
-    sys.path.insert(0, str(path.parent))  # train.py imports its neighbours (evaluate.py)
+    sys.path.insert(0, str(path.parent))  # train.py imports its neighbours (extraction.py)
     try:
         spec = importlib.util.spec_from_file_location(f"recipe_{recipe}_{name}", path)
         module = importlib.util.module_from_spec(spec)
@@ -101,9 +106,9 @@ def load_recipe_module(recipe: str, name: str):
 def test_fsdp_llama_two_nodes_shards_trains_and_saves_full_model(tmp_path, standin):
     model = standin("llama-3.1-8b")
     metrics = run_two_nodes("fsdp_llama_3_1_8b_multinode", [
-        "--config", "config.yaml", "--model_name", model, "--dataset", DATA / "alpaca",
-        "--output_dir", tmp_path / "out", "--max_steps", 14, "--batch_size", 4, "--grad_accum", 2, "--lr", 3e-3,
-        "--warmup_steps", 2, "--log_every", 7,
+        "--model_name_or_path", model, "--dataset_name", DATA / "alpaca", "--output_dir", tmp_path / "out",
+        "--max_steps", 14, "--per_device_train_batch_size", 4, "--gradient_accumulation_steps", 2,
+        "--learning_rate", 3e-3, "--warmup_steps", 2, "--logging_steps", 7,
     ], tmp_path)
     assert_sharded_over_both_nodes(metrics)
     assert metrics["final_loss"] < 0.75 * metrics["initial_loss"], metrics["losses"]
@@ -116,31 +121,131 @@ def test_fsdp_llama_two_nodes_shards_trains_and_saves_full_model(tmp_path, stand
     original = AutoModelForCausalLM.from_pretrained(model)
     assert sum(p.numel() for p in saved.parameters()) == metrics["parameters"]
     assert not torch.equal(saved.model.layers[0].mlp.up_proj.weight, original.model.layers[0].mlp.up_proj.weight)
+    checkpoints.verify(metrics["saved_model"])  # rank 0 sealed what it wrote
+
+    [run] = tracked_runs(tmp_path, "fsdp_llama_3_1_8b_multinode", {"learning_rate": "0.003"}, "loss")
+    assert run.data.metrics["final_loss"] == pytest.approx(metrics["final_loss"])
+    assert_logged_text_generator(tmp_path, run)
 
 
 # --------------------------------------------------------------------------------------------------
 # FSDP2 Qwen3: packing, distributed checkpoint and resume
 # --------------------------------------------------------------------------------------------------
 def fsdp2_args(model, output_dir, steps, *extra):
-    return ["--config", "config.yaml", "--model_name", model, "--dataset", DATA / "alpaca", "--output_dir", output_dir,
-            "--seq_len", 256, "--batch_size", 2, "--max_steps", steps, "--lr", 3e-3, "--warmup_steps", 2,
-            "--compile", "false", "--save_final_model", "false", "--log_every", 4, "--timing_warmup_steps", 2, *extra]
+    return ["--model_name_or_path", model, "--dataset_name", DATA / "alpaca", "--output_dir", output_dir,
+            "--max_length", 256, "--per_device_train_batch_size", 2, "--max_steps", steps, "--learning_rate", 3e-3,
+            "--warmup_steps", 2, "--torch_compile", "false", "--save_final_model", "false", "--logging_steps", 4,
+            "--timing_warmup_steps", 2, *extra]
 
 
 def test_fsdp2_qwen3_two_nodes_resumes_from_its_distributed_checkpoint(tmp_path, standin):
     model = standin("qwen3-0.6b")
-    first = run_two_nodes("fsdp2_qwen3_multinode", fsdp2_args(model, tmp_path / "out", 12, "--checkpoint_every", 6),
-                          tmp_path)
+    first = run_two_nodes("fsdp2_qwen3_multinode", fsdp2_args(model, tmp_path / "out", 12, "--save_steps", 6), tmp_path)
     assert_sharded_over_both_nodes(first)
     assert first["final_loss"] < 0.8 * first["initial_loss"], first["losses"]
     assert first["resumed_from_step"] is None and len(first["checkpoints"]) == 1  # step 6 (none at the last step)
 
     # The same command again: it finds the step-6 checkpoint and redoes steps 7..12 on the same data.
-    second = run_two_nodes("fsdp2_qwen3_multinode", fsdp2_args(model, tmp_path / "out", 12, "--checkpoint_every", 6),
-                           tmp_path)
+    second = run_two_nodes("fsdp2_qwen3_multinode", fsdp2_args(model, tmp_path / "out", 12, "--save_steps", 6,
+                                                               "--save_final_model", "true"), tmp_path)
     assert second["resumed_from_step"] == 6
     assert second["losses"][:6] == first["losses"][:6]
     assert second["losses"][6:] == pytest.approx(first["losses"][6:], abs=2e-3)
+
+    # Both runs in the project's MLflow store (beside output_dir), the second with its final model.
+    runs = tracked_runs(tmp_path, "fsdp2_qwen3_multinode", {"learning_rate": "0.003", "max_steps": "12"}, "loss")
+    assert [r.data.metrics["final_loss"] for r in runs] == pytest.approx([first["final_loss"], second["final_loss"]])
+    assert_logged_text_generator(tmp_path, runs[1])
+
+
+# The FSDP2 recipe's own save_checkpoint / resume, on one rank (gloo) and a small FSDP2 model, in processes that
+# end as a crash would end them. MODE save-then-disk-full | save-then-killed-resave | resume; prints what it did.
+FSDP2_CHECKPOINTS = textwrap.dedent("""
+    import errno, importlib.util, os, sys, time
+    from pathlib import Path
+    import torch, torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    script, mode, folders = sys.argv[1], sys.argv[2], [Path(p) for p in sys.argv[3:]]
+    dist.init_process_group("gloo", init_method=f"file://{folders[0]}.store", rank=0, world_size=1)
+    spec = importlib.util.spec_from_file_location("fsdp2_train", script)
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    checkpoints = train.checkpoints
+
+    def fresh_model():
+        torch.manual_seed(0)
+        model = fully_shard(torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 256)))
+        return model, torch.optim.AdamW(model.parameters(), lr=0.1)
+
+    def take_step(model, optimizer):
+        model(torch.randn(8, 256)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    def fingerprint(model):
+        return sum(p.full_tensor().double().sum().item() for p in model.parameters())
+
+    model, optimizer = fresh_model()
+    if mode == "resume":
+        for folder in folders:
+            path, step, losses = train.resume(model, optimizer, folder)
+            print(f"resumed {folder.name} step {step} losses {losses} weights {fingerprint(model)!r}", flush=True)
+        sys.exit(0)
+    take_step(model, optimizer)
+    train.save_checkpoint(model, optimizer, 2, [2.0], folders[0], keep=3)
+    print(f"saved step 2 weights {fingerprint(model)!r}", flush=True)
+    take_step(model, optimizer)
+    if mode == "save-then-disk-full":  # the disk fills while the manifest (the marker) is written
+        def open_on_a_full_disk(path, *args, **kwargs):
+            if Path(path).name.startswith(checkpoints.MANIFEST):
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return open(path, *args, **kwargs)
+        checkpoints.open = open_on_a_full_disk
+        try:
+            train.save_checkpoint(model, optimizer, 4, [2.0, 1.0], folders[0], keep=3)
+        except OSError as error:
+            print(f"step 4: {error}", flush=True)
+    else:  # saves step 2 again (new weights), and is killed while its shards are half written
+        real_save = train.dcp.save
+        def save_and_be_killed(state, checkpoint_id):
+            real_save(state, checkpoint_id=checkpoint_id)
+            for shard in Path(checkpoint_id).glob("*.distcp"):
+                os.truncate(shard, shard.stat().st_size // 2)
+            print("half written", flush=True)
+            time.sleep(120)
+        train.dcp.save = save_and_be_killed
+        train.save_checkpoint(model, optimizer, 2, [9.0], folders[0], keep=3)
+""")
+
+
+def fsdp2_checkpoints(tmp_path, mode, *folders) -> subprocess.Popen:
+    script = tmp_path / "fsdp2_checkpoints.py"
+    script.write_text(FSDP2_CHECKPOINTS)
+    return subprocess.Popen([sys.executable, str(script), str(RECIPES / "fsdp2_qwen3_multinode" / "train.py"), mode,
+                             *map(str, folders)], env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.PIPE, text=True)
+
+
+def test_fsdp2_checkpoints_survive_a_full_disk_at_the_marker_and_a_killed_resave_of_the_same_step(tmp_path):
+    """Issue 16 §3: (a) a disk that filled while the marker was written left an empty trainer_state.json and every
+    restart failed with JSONDecodeError; (b) a re-save into an existing step_N killed mid-write kept the old marker
+    and the next run resumed silently from the half-new shards."""
+    disk_full, killed = tmp_path / "disk_full", tmp_path / "killed"
+    first = fsdp2_checkpoints(tmp_path, "save-then-disk-full", disk_full)
+    second = fsdp2_checkpoints(tmp_path, "save-then-killed-resave", killed)
+    output = first.communicate(timeout=180)[0]
+    assert first.returncode == 0 and "step 4: [Errno 28] No space left on device" in output, output
+    saved_a = output.split("saved step 2 weights ")[1].split()[0]
+    saved_b = second.stdout.readline().split("saved step 2 weights ")[1].strip()
+    assert second.stdout.readline().strip() == "half written"
+    second.kill()
+    second.wait(timeout=30)
+
+    restart = fsdp2_checkpoints(tmp_path, "resume", disk_full, killed)
+    output = restart.communicate(timeout=180)[0]
+    assert restart.returncode == 0, output
+    assert f"resumed disk_full step 2 losses [2.0] weights {saved_a}" in output  # the complete one before
+    assert f"resumed killed step 2 losses [2.0] weights {saved_b}" in output  # the old complete step 2, whole
 
 
 def test_packed_sample_has_the_same_loss_as_alone(standin):
@@ -182,14 +287,22 @@ def test_packed_sample_has_the_same_loss_as_alone(standin):
 # --------------------------------------------------------------------------------------------------
 # DeepSpeed ZeRO-3 + TRL: invoices
 # --------------------------------------------------------------------------------------------------
-def test_deepspeed_invoices_two_nodes_partitions_and_lowers_eval_loss(tmp_path, standin):
-    metrics = run_two_nodes("deepspeed_qwen3_8b_invoices", [
-        "--config", "config.yaml", "--model_name", standin("qwen3-8b"), "--dataset", DATA / "invoices",
-        "--output_dir", tmp_path / "out", "--epochs", 2, "--train_samples", 96, "--eval_samples", 4,
-        "--batch_size", 8, "--grad_accum", 1, "--lr", 3e-3, "--logging_steps", 1, "--max_new_tokens", 48,
-        "--timeout_s", 120,
-    ], tmp_path, timeout=300)
-    assert_sharded_over_both_nodes(metrics)  # ZeRO-3: each rank's ds_tensor partitions hold half the model
+def test_deepspeed_invoices_driven_by_a_trl_config_file_on_two_nodes_partitions_and_lowers_eval_loss(tmp_path, standin):
+    """The user's own TRL config file (SFTConfig keys, their DeepSpeed JSON) is the whole command line."""
+    import yaml
+
+    recipe = RECIPES / "deepspeed_qwen3_8b_invoices"
+    (tmp_path / "zero3.json").write_text((recipe / "ds_zero3.json").read_text())
+    settings = {**yaml.safe_load((recipe / "config.yaml").read_text()),
+                "model_name_or_path": str(standin("qwen3-8b")), "dtype": "float32", "bf16": False,
+                "dataset_name": str(DATA / "invoices"), "output_dir": str(tmp_path / "out"),
+                "deepspeed": str(tmp_path / "zero3.json"), "num_train_epochs": 2, "max_train_samples": 96,
+                "max_predict_samples": 4, "per_device_train_batch_size": 8, "per_device_eval_batch_size": 8,
+                "gradient_accumulation_steps": 1, "learning_rate": 3e-3, "logging_steps": 1, "max_new_tokens": 48,
+                "ddp_timeout": 120}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(settings))
+    metrics = run_two_nodes("deepspeed_qwen3_8b_invoices", ["--config", tmp_path / "run.yaml"], tmp_path, timeout=300)
+    assert_sharded_over_both_nodes(metrics)  # ZeRO-3 from zero3.json: each rank's ds_tensor partitions hold half
     assert len(metrics["eval_losses"]) == 3  # before training, after epoch 1, after epoch 2
     assert metrics["best_eval_loss"] < 0.85 * metrics["initial_eval_loss"], metrics["eval_losses"]
     assert metrics["final_loss"] < metrics["initial_loss"]
@@ -198,10 +311,17 @@ def test_deepspeed_invoices_two_nodes_partitions_and_lowers_eval_loss(tmp_path, 
         assert metrics[when]["documents"] == 4
         assert 0 <= metrics[when]["json_valid"] <= 1 and 0 <= metrics[when]["field_exact_match"] <= 1
     assert (Path(metrics["saved_model"]) / "model.safetensors").exists()
+    for checkpoint in [*(tmp_path / "out").glob("checkpoint-*"), Path(metrics["saved_model"])]:
+        checkpoints.verify(checkpoint)  # sealed after the Trainer saved it
+
+    [run] = tracked_runs(tmp_path, "deepspeed_qwen3_8b_invoices", {"learning_rate": "0.003", "max_predict_samples": "4"},
+                         "loss")
+    assert run.data.metrics["after_json_valid"] == metrics["after"]["json_valid"]
+    assert_logged_text_generator(tmp_path, run)
 
 
 def test_invoice_replies_are_scored_without_qwens_think_block():
-    evaluate = load_recipe_module("deepspeed_qwen3_8b_invoices", "evaluate")
+    evaluate = load_recipe_module("deepspeed_qwen3_8b_invoices", "extraction")
     reference = '{"vendor": "Acme", "total": "12.50", "currency": "EUR"}'
     thinking = "<think>\n\n</think>\n\n"
     assert evaluate.score_reply(thinking + reference, reference) == \
@@ -237,8 +357,8 @@ def test_torch_logprobs_match_autograd_of_log_softmax():
 def test_a_dead_node_makes_the_other_fail_with_a_clear_error(tmp_path, standin):
     port, job = free_port(), f"test-{uuid.uuid4().hex[:8]}"
     script = RECIPES / "fsdp2_qwen3_multinode" / "train.py"
-    args = fsdp2_args(standin("qwen3-0.6b"), tmp_path / "out", 100000, "--log_every", 1, "--checkpoint_every", 0,
-                      "--timeout_s", 20)
+    args = fsdp2_args(standin("qwen3-0.6b"), tmp_path / "out", 100000, "--logging_steps", 1, "--save_steps", 0,
+                      "--ddp_timeout", 20)
     logs = [tmp_path / "node0.log", tmp_path / "node1.log"]
     survivor = start_node(0, port, job, script, args, logs[0])
     time.sleep(1.0)

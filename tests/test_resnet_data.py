@@ -172,5 +172,5 @@ def test_stopping_early_leaves_no_loader_thread_running(tmp_path):
 def test_the_dataloader_pipeline_gives_batches_of_the_same_form(tmp_path):
     root = solid_colour_folder(tmp_path)
     images, labels = next(iter(DataLoaderBatches(root, batch_size=8, image_size=24, device="cpu", train=True,
-                                                 loader_workers=0)))
+                                                 dataloader_num_workers=0)))
     assert images.shape == (8, 3, 24, 24) and images.dtype == torch.float32 and labels.dtype == torch.int64

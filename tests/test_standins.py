@@ -51,8 +51,13 @@ def test_tiny_config_keeps_the_architectures_special_features(arch):
         model = standins.build(arch, "tiny")
         assert all(layer.self_attn.sinks.numel() == tiny.num_attention_heads for layer in model.model.layers)
     if arch.startswith(("qwen3", "olmo")):
-        layer = standins.build(arch, "tiny").model.layers[0]
+        layers = standins.build(arch, "tiny").model.layers
+        layer = next(layer for layer in layers if hasattr(layer, "self_attn"))  # Qwen3.5 starts with linear attention
         assert hasattr(layer.self_attn, "q_norm") and hasattr(layer.self_attn, "k_norm")
+    if arch.startswith("qwen3.5"):
+        linear = standins.build(arch, "tiny").model.layers[0].linear_attn
+        assert linear.conv_kernel_size == full.linear_conv_kernel_dim
+        assert tiny.partial_rotary_factor == full.partial_rotary_factor == 0.25
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -85,18 +90,14 @@ CONVERSATION = [
     {"role": "assistant", "content": "42 × 2 = 84.", "thinking": "Je calcule 42 × 2 = 84.",
      "reasoning_content": "Je calcule 42 × 2 = 84."},
 ]
-EXPECTED_ASSISTANT_TEXT = {  # what the assistant writes after each generation prompt
-    "llama3": ["12 + 30 = 42.<|eot_id|>", "42 × 2 = 84.<|eot_id|>"],
-    "gpt-oss": ["<|channel|>final<|message|>12 + 30 = 42.<|end|>",
-                "<|channel|>analysis<|message|>Je calcule 42 × 2 = 84.<|end|><|start|>assistant"
-                "<|channel|>final<|message|>42 × 2 = 84.<|return|>"],
-    "qwen2": ["12 + 30 = 42.<|im_end|>", "42 × 2 = 84.<|im_end|>"],
-    "qwen3": ["12 + 30 = 42.<|im_end|>", "<think>\nJe calcule 42 × 2 = 84.\n</think>\n\n42 × 2 = 84.<|im_end|>"],
+# What the assistant writes after each generation prompt, for the families whose stand-ins use the templates
+# written in standins.py; the others carry their hub template (tests/test_chat_templates.py).
+EXPECTED_ASSISTANT_TEXT = {
     "olmo3": ["12 + 30 = 42.<|im_end|>", "42 × 2 = 84.<|im_end|>"],
 }
 
 
-@pytest.mark.parametrize("family", sorted(ONE_ARCH_PER_FAMILY))
+@pytest.mark.parametrize("family", sorted(EXPECTED_ASSISTANT_TEXT))
 def test_chat_template_masks_exactly_the_assistant_tokens(family, standin):
     tokenizer = AutoTokenizer.from_pretrained(standin(ONE_ARCH_PER_FAMILY[family]))
     assert _assistant_spans(tokenizer, CONVERSATION) == EXPECTED_ASSISTANT_TEXT[family]
@@ -127,10 +128,50 @@ def test_qwen3_generation_prompt_without_thinking_has_an_empty_think_block(stand
     assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
 
 
+def test_qwen3_5_generation_prompt_thinks_by_default_and_can_skip_it(standin):
+    tokenizer = AutoTokenizer.from_pretrained(standin("qwen3.5-27b"))
+    prompt = tokenizer.apply_chat_template(CONVERSATION[1:2], tokenize=False, add_generation_prompt=True)
+    assert prompt == "<|im_start|>user\nWhat is 12 + 30?<|im_end|>\n<|im_start|>assistant\n<think>\n"
+    quiet = tokenizer.apply_chat_template(CONVERSATION[1:2], tokenize=False, add_generation_prompt=True,
+                                          enable_thinking=False)
+    assert quiet.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    # A reply without reasoning after the last question still gets its (empty) think block; no default system.
+    text = tokenizer.apply_chat_template(CONVERSATION[1:3], tokenize=False)
+    assert text == quiet + "12 + 30 = 42.<|im_end|>\n"
+
+
+def qwen3_5_27b_parameters_by_hand() -> int:
+    """Qwen3.5-27B's text model counted from its published dimensions (transformers' Qwen3_5ForCausalLM layout)."""
+    h, vocab, mlp = 5120, 248320, 17408
+    heads, kv_heads, head = 24, 4, 256
+    k_heads, v_heads, k_dim, v_dim, conv = 16, 48, 128, 128, 4
+    keys, values = k_heads * k_dim, v_heads * v_dim  # 2048, 6144
+    linear_mixer = (h * (2 * keys + values)  # in_proj_qkv
+                    + h * values + 2 * h * v_heads  # in_proj_z (the output gate), in_proj_b (beta), in_proj_a (decay)
+                    + (2 * keys + values) * conv  # depthwise causal conv over q, k, v
+                    + 2 * v_heads + v_dim  # dt_bias, A_log, the gated RMSNorm over one value head
+                    + values * h)  # out_proj
+    full_mixer = h * 2 * heads * head + 2 * h * kv_heads * head + heads * head * h + 2 * head  # q (+ gate), k, v, o, qk-norms
+    per_layer = 3 * h * mlp + 2 * h  # SwiGLU MLP, two RMSNorms
+    return 2 * vocab * h + h + 48 * (linear_mixer + per_layer) + 16 * (full_mixer + per_layer)
+
+
+def test_qwen3_5_27b_has_the_published_shape_and_parameter_count():
+    config = standins.config("qwen3.5-27b", "full")
+    assert (config.hidden_size, config.num_hidden_layers, config.vocab_size) == (5120, 64, 248320)
+    assert config.layer_types == (["linear_attention"] * 3 + ["full_attention"]) * 16
+    built = standins.count_parameters(standins.build("qwen3.5-27b", "full"))
+    assert built == qwen3_5_27b_parameters_by_hand() == 26_895_998_464
+    assert abs(built / 27e9 - 1) < 0.01  # the model card: "Number of Parameters: 27B"
+    tiny = standins.config("qwen3.5-27b", "tiny")
+    assert tiny.layer_types == ["linear_attention"] * 3 + ["full_attention"]
+    assert tiny.linear_num_value_heads // tiny.linear_num_key_heads == 3 == 48 // 16
+
+
 def test_random_weight_writer_output_loads_with_no_missing_keys(tmp_path):
     # The writer `make(size="full", weights=True)` uses on the GPU machine, exercised on tiny shapes with
     # small shards: tied and untied embeddings, MoE experts, sinks and norms all load.
-    for arch in ("gpt-oss-20b", "qwen3-0.6b"):
+    for arch in ("gpt-oss-20b", "qwen3-0.6b", "qwen3.5-27b"):
         model = standins.build(arch, "tiny")
         out = tmp_path / arch
         out.mkdir()
@@ -141,9 +182,13 @@ def test_random_weight_writer_output_loads_with_no_missing_keys(tmp_path):
         assert not any(info.values()), info
         with safe_open(next(out.glob("*.safetensors")), "pt") as shard:
             assert all(shard.get_tensor(name).dtype == torch.bfloat16 for name in shard.keys())
-        norm = loaded.model.norm.weight
-        assert torch.equal(norm, torch.ones_like(norm))
+        norm = loaded.model.norm.weight  # Qwen3.5's norms scale by 1 + weight: initialised to 0
+        assert torch.equal(norm, torch.zeros_like(norm) if arch == "qwen3.5-27b" else torch.ones_like(norm))
         assert 0.015 < loaded.model.embed_tokens.weight.float().std().item() < 0.025
+        ids = torch.randint(0, loaded.config.vocab_size, (1, 32), generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():  # random weights of the right scale predict about uniformly
+            loss = loaded.float()(input_ids=ids, labels=ids).loss.item()
+        assert abs(loss - math.log(loaded.config.vocab_size)) < 1.0, (arch, loss)
 
 
 def test_cli_makes_a_full_size_config_without_weights(tmp_path):

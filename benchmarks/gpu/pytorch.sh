@@ -51,14 +51,15 @@ stamp "generating $TRAIN_IMAGES + $VAL_IMAGES detection images (128 px)"
 "$PYTHON" data/make_detection.py --out "$WORK/shapes" --train "$TRAIN_IMAGES" --val "$VAL_IMAGES" --image-size 128
 
 RETINANET=(notebooks/pytorch/ddp_retinanet.ipynb)
-RN_COMMON=(-p coco_root "$WORK/shapes" -p min_size 128 -p max_size 128 -p batch_size "$RN_BATCH"
-           -p learning_rate 0.02 -p warmup_steps 50 -p num_workers 6 -p timing_warmup_steps 10 -p use_bf16 True)
-run_notebook "${RETINANET[@]}" retinanet_1gpu "${RN_COMMON[@]}" -p num_gpus 1 -p max_steps "$RN_STEPS_1GPU" -p eval_images 64
-run_notebook "${RETINANET[@]}" retinanet_2gpu "${RN_COMMON[@]}" -p num_gpus 2 -p max_steps "$RN_STEPS_2GPU" -p eval_untrained True
+RN_COMMON=(-p dataset_name "$WORK/shapes" -p min_size 128 -p max_size 128 -p per_device_train_batch_size "$RN_BATCH"
+           -p learning_rate 0.02 -p warmup_steps 50 -p dataloader_num_workers 6 -p timing_warmup_steps 10 -p bf16 True
+           -p save_steps 100000)  # one checkpoint, after the last step (outside the timed steps)
+run_notebook "${RETINANET[@]}" retinanet_1gpu "${RN_COMMON[@]}" -p num_gpus 1 -p max_steps "$RN_STEPS_1GPU" -p max_eval_samples 64
+run_notebook "${RETINANET[@]}" retinanet_2gpu "${RN_COMMON[@]}" -p num_gpus 2 -p max_steps "$RN_STEPS_2GPU" -p eval_on_start True
 
 FSDP=(notebooks/pytorch/fsdp2_transformer.ipynb)
-FSDP_COMMON=(-p steps "$FSDP_STEPS" -p batch_size "$FSDP_BATCH" -p warmup_steps 10 -p timing_warmup_steps 10
-             -p checkpoint_every 1000 -p mixed_precision True)
+FSDP_COMMON=(-p max_steps "$FSDP_STEPS" -p per_device_train_batch_size "$FSDP_BATCH" -p warmup_steps 10
+             -p timing_warmup_steps 10 -p save_steps 1000 -p bf16 True)
 run_notebook "${FSDP[@]}" fsdp2_1gpu "${FSDP_COMMON[@]}" -p num_gpus 1
 run_notebook "${FSDP[@]}" fsdp2_2gpu "${FSDP_COMMON[@]}" -p num_gpus 2
 

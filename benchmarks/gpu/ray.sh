@@ -36,17 +36,17 @@ wait
 say "data and stand-in ready: $(tail -n 1 "$out/images.log"); $(tail -n 1 "$out/standin.log")"
 
 for n in 1 2; do
-  python3 recipes/ray_resnet50/train.py --data "$work/images" --weights none --epochs 2 \
-    --batch-size "$RESNET_BATCH" --image-size "$IMAGE_SIZE" --loader-workers "$LOADER_WORKERS" --num-workers $n \
-    --output-dir "$out/resnet50_${n}w" --storage-path "$work/ray_results_resnet50_${n}w" \
+  python3 recipes/ray_resnet50/train.py --dataset_name "$work/images" --weights none --num_train_epochs 2 \
+    --per_device_train_batch_size "$RESNET_BATCH" --image_size "$IMAGE_SIZE" --dataloader_num_workers "$LOADER_WORKERS" \
+    --num_workers $n --output_dir "$out/resnet50_${n}w" --storage_path "$work/ray_results_resnet50_${n}w" \
     > "$out/resnet50_${n}w.log" 2>&1
   say "resnet50 on $n worker(s): rc=$? $(grep '^final' "$out/resnet50_${n}w.log")"
 done
 
 for n in 1 2; do
-  python3 recipes/ray_qwen2_5_3b/train.py --model "$work/qwen" --data data/alpaca --seq-len "$SEQ" \
-    --max-steps "$QWEN_STEPS" --log-every 6 --timing-warmup-steps 2 --no-save-model --num-workers $n \
-    --output-dir "$out/qwen2_5_3b_${n}w" --storage-path "$work/ray_results_qwen_${n}w" \
+  python3 recipes/ray_qwen2_5_3b/train.py --model_name_or_path "$work/qwen" --dataset_name data/alpaca --max_length "$SEQ" \
+    --max_steps "$QWEN_STEPS" --logging_steps 6 --timing_warmup_steps 2 --save_final_model false --num_workers $n \
+    --output_dir "$out/qwen2_5_3b_${n}w" --storage_path "$work/ray_results_qwen_${n}w" \
     > "$out/qwen2_5_3b_${n}w.log" 2>&1
   say "qwen2.5-3b on $n worker(s): rc=$? $(grep '^final' "$out/qwen2_5_3b_${n}w.log")"
 done

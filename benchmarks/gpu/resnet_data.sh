@@ -21,10 +21,10 @@ say() { echo "[$(( $(date +%s) - begin )) s] $*"; }
 if [ "${RESNET_DATA_DRY_RUN:-0}" = 1 ]; then
   sizes=(--train_images 96 --val_images 24 --max_side 64 --image_size 32 --per_device_train_batch_size 8
          --timed_steps 3 --timing_warmup_steps 2 --dataloader_num_workers 2 --no-torch_compile)
-  recipe_sizes=(--image-size 32 --batch-size 8 --weights none)
+  recipe_sizes=(--image_size 32 --per_device_train_batch_size 8 --weights none)
 else
   sizes=(--train_images "${TRAIN_IMAGES:-32000}" --val_images 1000 --per_device_train_batch_size "${BATCH:-256}")
-  recipe_sizes=(--image-size 224 --batch-size "${BATCH:-256}" --weights none)
+  recipe_sizes=(--image_size 224 --per_device_train_batch_size "${BATCH:-256}" --weights none)
 fi
 
 df -hT /tmp > "$out/resnet_data_disk.txt" 2>&1  # where the JPEGs live (a tmpfs would be RAM, like the page cache)
@@ -49,10 +49,10 @@ if [[ " $STAGES " == *" recipe "* ]]; then
   for mode in ${RECIPE_MODES:-eager torch_compile}; do
     for n in $workers; do
       name=resnet50_data_${n}w_${mode}
-      compile_flag=--no-torch_compile; [ "$mode" = torch_compile ] && compile_flag=--torch_compile
-      python3 recipes/ray_resnet50/train.py --data "$work/images" --no-download "${recipe_sizes[@]}" --epochs 2 \
-        --num-workers "$n" --data_pipeline device "$compile_flag" --output-dir "$out/$name" \
-        --storage-path "$work/ray_results_$name" > "$out/$name.log" 2>&1
+      compile=false; [ "$mode" = torch_compile ] && compile=true
+      python3 recipes/ray_resnet50/train.py --dataset_name "$work/images" --download false "${recipe_sizes[@]}" \
+        --num_train_epochs 2 --num_workers "$n" --data_pipeline device --torch_compile "$compile" \
+        --output_dir "$out/$name" --storage_path "$work/ray_results_$name" > "$out/$name.log" 2>&1
       say "recipe $name: rc=$? $(grep '^final' "$out/$name.log")"
     done
   done

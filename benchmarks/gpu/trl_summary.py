@@ -1,6 +1,6 @@
-"""Summarise benchmarks/gpu/trl.sh: read each run's metrics.json, write summary.json, print the comparisons.
+"""Summarise benchmarks/gpu/trl.sh: read each run's metrics.json, write summary.json, print one line per stage.
 
-    python3 benchmarks/gpu/trl_summary.py RESULTS_DIR --layers-20b 8 --layers-120b 4
+    python3 benchmarks/gpu/trl_summary.py RESULTS_DIR
 
 A run that failed or was skipped shows up as missing, never as a number.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 GIB = 2**30
@@ -18,100 +19,124 @@ def load(results: Path, run: str) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def standin_parameters(results: Path, arch: str, models: Path | None) -> int | None:
-    if models is None:
-        return None
-    path = models / arch / "standin.json"
-    return json.loads(path.read_text())["parameters"] if path.exists() else None
+def planned_gib(results: Path, name: str) -> float | None:
+    """The planner's total for one GPU without DDP (the notebook's one-GPU run), from its printed table."""
+    path = results / name
+    found = path.exists() and re.search(r"^1 GPU, no DDP\s.*?([\d.]+)\s+(?:yes|no)\b", path.read_text(), re.MULTILINE)
+    return float(found.group(1)) if found else None
 
 
-def gib(values):
-    return [round(v / GIB, 2) for v in values]
+def text(results: Path, name: str) -> str | None:
+    path = results / name
+    return path.read_text().strip() if path.exists() else None
 
 
-def summarise(results: Path, layers_20b: int, layers_120b: int, models: Path | None) -> dict:
+def common(metrics: dict) -> dict:
+    """What every TRL run reports: loss curve, throughput, peak memory, world size, resumption, MLflow run."""
+    return {"world_size": metrics["world_size"], "losses": metrics["losses"], "initial_loss": metrics["initial_loss"],
+            "final_loss": metrics["final_loss"], "tokens_per_s": metrics["tokens_per_s"][0],
+            "peak_memory_gib": [round(v / GIB, 2) for v in metrics["peak_memory_bytes"]],
+            "resumed_from": metrics["resumed_from"][0], "device": metrics["device"][0],
+            "mlflow_run_id": metrics.get("mlflow_run_id")}
+
+
+def summarise(results: Path) -> dict:
     summary = {}
-    one, two = load(results, "ddp_20b_1gpu"), load(results, "ddp_20b_2gpu")
-    s = {"layers": layers_20b, "of_layers": 24, "parameters": standin_parameters(results, "gpt-oss-20b", models),
-         "goal_speedup": 1.9}
-    if one:
-        s.update(tokens_per_s_1gpu=one["tokens_per_s"], peak_memory_gib_1gpu=gib(one["peak_memory_bytes"]),
-                 timed_steps=one["timed_steps"])
-    if two:
-        s.update(tokens_per_s_2gpu=two["tokens_per_s"], peak_memory_gib_2gpu=gib(two["peak_memory_bytes"]),
-                 wrapped_model_2gpu=two["wrapped_model"], reply_2gpu=two.get("reply"))
-    if one or two:  # "mxfp4": the experts were stored as on the hub and dequantised on load
-        s["checkpoint_quantization"] = (two or one).get("checkpoint_quantization")
-    if one and two:
-        s["speedup"] = two["tokens_per_s"] / one["tokens_per_s"]
-        s["goal_met"] = s["speedup"] >= s["goal_speedup"]
-    summary["gpt_oss_20b_ddp"] = s
+    m = load(results, "20b_1gpu")
+    s = {"layers": 24, "of_layers": 24, "killed_run_left": text(results, "20b_1gpu_checkpoints_after_kill.txt"),
+         "kill": text(results, "20b_1gpu_hooks/kill_rank_after_checkpoint.jsonl"),
+         "planned_gib_seq2048": planned_gib(results, "plan_gpt_oss_20b_seq2048.txt"),
+         "planned_gib_seq256": planned_gib(results, "plan_gpt_oss_20b_seq256.txt"),
+         "merged_size": text(results, "20b_1gpu_merged_size.txt")}
+    if m:
+        s.update(common(m), checkpoint_quantization=m["checkpoint_quantization"], reply=m["reply"],
+                 reply_has_final=m["reply_has_final"], final_token_accuracy=m["final_token_accuracy"],
+                 merged_vs_adapter_max_logit_diff=m["merged_vs_adapter_max_logit_diff"])
+    summary["gpt_oss_20b_1gpu"] = s
 
-    fsdp = load(results, "fsdp_120b_2gpu")
-    s = {"layers": layers_120b, "of_layers": 36, "parameters": standin_parameters(results, "gpt-oss-120b", models)}
-    if fsdp:
-        peaks = fsdp["peak_memory_bytes"]
-        s.update(world_size=fsdp["world_size"], fsdp_enabled=fsdp["fsdp_enabled"],
-                 fsdp_module_types=fsdp["fsdp_module_types"], dtensor_fraction=fsdp["dtensor_fraction"],
-                 parameters_held_per_rank=fsdp["parameters_held_per_rank"], parameters_total=fsdp["parameters_total"],
-                 unsharded_parameter_gib=round(fsdp["unsharded_parameter_bytes"] / GIB, 2),
-                 held_parameter_gib_per_rank=gib(fsdp["held_parameter_bytes_per_rank"]),
-                 peak_memory_gib_per_gpu=gib(peaks),
-                 peak_memory_vs_unsharded=[p / fsdp["unsharded_parameter_bytes"] for p in peaks],
-                 lora_rank_attention=fsdp["lora_rank_attention"], lora_rank_experts=fsdp["lora_rank_experts"],
-                 tokens_per_s=fsdp["tokens_per_s"], losses=fsdp["losses"],
-                 checkpoint_quantization=fsdp.get("checkpoint_quantization"))
-    summary["gpt_oss_120b_fsdp2"] = s
+    m = load(results, "llama_1gpu")
+    s = {}
+    if m:
+        s.update(common(m), engine=m["engine"][0], zero_stage=m["zero_stage"][0],
+                 parameters_held_fraction_max=m["parameters_held_fraction_max"],
+                 partitioned_across_ranks=m["partitioned_across_ranks"], eval_losses=m["eval_losses"], answer=m["answer"])
+    summary["llama_3_2_1b_zero3_1gpu"] = s
 
-    zero3, ddp = load(results, "llama_zero3_2gpu"), load(results, "llama_ddp_2gpu")
-    s = {"layers": 16, "of_layers": 16, "goal_memory_ratio": 0.6}
-    if zero3:
-        s.update(zero3_engine=zero3["engine"], zero3_peak_memory_gib=gib(zero3["peak_memory_bytes"]),
-                 zero3_tokens_per_s=zero3["tokens_per_s"], zero3_parameters_held_fraction=zero3["parameters_held_fraction_max"],
-                 zero3_answer=zero3.get("answer"))
-    if ddp:
-        s.update(ddp_engine=ddp["engine"], ddp_peak_memory_gib=gib(ddp["peak_memory_bytes"]), ddp_tokens_per_s=ddp["tokens_per_s"])
-    if zero3 and ddp:
-        s["memory_ratio"] = max(zero3["peak_memory_bytes"]) / max(ddp["peak_memory_bytes"])
-        s["goal_met"] = s["memory_ratio"] <= s["goal_memory_ratio"]
-        s["tokens_per_s_ratio"] = zero3["tokens_per_s"] / ddp["tokens_per_s"]
-    summary["llama_3_2_1b_zero3_vs_ddp"] = s
+    m = load(results, "120b_1gpu")
+    s = {"of_layers": 36}
+    if m:
+        s.update(common(m), fsdp_enabled=m["fsdp_enabled"][0], fsdp_module_types=m["fsdp_module_types"][0],
+                 parameters_total=m["parameters_total"][0], parameters_held_fraction_max=m["parameters_held_fraction_max"],
+                 decoder_layers_sharded=m["decoder_layers_sharded"], adapter_matches_peft=m["adapter_matches_peft"],
+                 merged_vs_adapter_max_logit_diff=m["merged_vs_adapter_max_logit_diff"], reply=m["reply"])
+    summary["gpt_oss_120b_fsdp_1gpu"] = s
 
-    any_run = next((m for m in (one, two, fsdp, zero3, ddp) if m), None)
+    summary.update(two_gpus(results))
+    runs = ("20b_1gpu", "llama_1gpu", "120b_1gpu", "20b_2gpu", "120b_2gpu", "llama_zero3_2gpu")
+    any_run = next((load(results, r) for r in runs if load(results, r)), None)
     if any_run:
         summary["environment"] = any_run["environment"]
-    stages = results / "stages.tsv"
-    if stages.exists():
-        summary["stages"] = stages.read_text().splitlines()
+    if (results / "stages.tsv").exists():
+        summary["stages"] = (results / "stages.tsv").read_text().splitlines()
     return summary
 
 
+def two_gpus(results: Path) -> dict:
+    """The optional 2-GPU stages (issue 23): DDP scaling, FSDP2 memory per GPU, ZeRO-3 vs DDP memory."""
+    found = {}
+    one, two = load(results, "20b_1of2gpu"), load(results, "20b_2gpu")
+    if one and two:
+        found["gpt_oss_20b_ddp_1_vs_2gpu"] = {
+            "one_gpu": common(one), "two_gpus": common(two), "wrapped_model": two["wrapped_model"],
+            "speedup": two["tokens_per_s"][0] / one["tokens_per_s"][0], "goal_speedup": 1.9,
+            "adapter_identical_across_ranks": two["adapter_identical_across_ranks"]}
+    fsdp = load(results, "120b_2gpu")
+    if fsdp:
+        found["gpt_oss_120b_fsdp2_2gpu"] = {
+            **common(fsdp), "fsdp_module_types": fsdp["fsdp_module_types"][0], "dtensor_fraction": fsdp["dtensor_fraction"],
+            "parameters_held_per_rank": fsdp["parameters_held"], "parameters_total": fsdp["parameters_total"][0],
+            "unsharded_parameter_gib": round(fsdp["unsharded_bytes"][0] / GIB, 2),
+            "held_parameter_gib_per_rank": [round(b / GIB, 2) for b in fsdp["held_bytes"]],
+            "decoder_layers_sharded": fsdp["decoder_layers_sharded"]}
+    zero3, ddp = load(results, "llama_zero3_2gpu"), load(results, "llama_ddp_2gpu")
+    if zero3 and ddp:
+        found["llama_3_2_1b_zero3_vs_ddp_2gpu"] = {
+            "zero3": common(zero3), "ddp": common(ddp), "goal_memory_ratio": 0.6,
+            "memory_ratio": max(zero3["peak_memory_bytes"]) / max(ddp["peak_memory_bytes"]),
+            "tokens_per_s_ratio": zero3["tokens_per_s"][0] / ddp["tokens_per_s"][0]}
+    return found
+
+
 def report(summary: dict) -> str:
-    lines = []
-    s = summary["gpt_oss_20b_ddp"]
-    lines.append(f"GPT-OSS-20B ({s['layers']} of {s['of_layers']} layers) LoRA, DDP: "
-                 f"{s.get('tokens_per_s_1gpu', 'missing')} tok/s on 1 GPU, {s.get('tokens_per_s_2gpu', 'missing')} on 2; "
-                 f"speed-up {s.get('speedup', 'missing')} (goal >= {s['goal_speedup']})")
-    s = summary["gpt_oss_120b_fsdp2"]
-    lines.append(f"GPT-OSS-120B ({s['layers']} of {s['of_layers']} layers) LoRA, FSDP2 on {s.get('world_size', '?')} GPUs: "
-                 f"unsharded {s.get('unsharded_parameter_gib', 'missing')} GiB; peak per GPU "
-                 f"{s.get('peak_memory_gib_per_gpu', 'missing')} GiB; DTensor share {s.get('dtensor_fraction', 'missing')}")
-    s = summary["llama_3_2_1b_zero3_vs_ddp"]
-    lines.append(f"Llama-3.2-1B full FT, 2 GPUs: peak per GPU ZeRO-3 {s.get('zero3_peak_memory_gib', 'missing')} GiB vs DDP "
-                 f"{s.get('ddp_peak_memory_gib', 'missing')} GiB, ratio {s.get('memory_ratio', 'missing')} "
-                 f"(goal <= {s['goal_memory_ratio']}); tok/s ZeRO-3 {s.get('zero3_tokens_per_s', 'missing')}, "
-                 f"DDP {s.get('ddp_tokens_per_s', 'missing')}")
+    s = summary["gpt_oss_20b_1gpu"]
+    lines = [f"GPT-OSS-20B, 24 layers, 1 GPU: {s.get('tokens_per_s', 'missing')} tok/s; peak "
+             f"{s.get('peak_memory_gib', 'missing')} GiB (planner: {s['planned_gib_seq256']} GiB at 256 tokens, "
+             f"{s['planned_gib_seq2048']} at 2048); loss {s.get('initial_loss', 'missing')} -> "
+             f"{s.get('final_loss', 'missing')}; killed run left {s['killed_run_left']!r}, rerun resumed from "
+             f"{s.get('resumed_from', 'missing')}; merged vs base + adapter: max logit difference "
+             f"{s.get('merged_vs_adapter_max_logit_diff', 'missing')}; answer has a final channel: "
+             f"{s.get('reply_has_final', 'missing')}"]
+    s = summary["llama_3_2_1b_zero3_1gpu"]
+    lines.append(f"Llama-3.2-1B, ZeRO-3, 1 GPU: {s.get('engine', 'missing')} stage {s.get('zero_stage', 'missing')}; "
+                 f"held fraction {s.get('parameters_held_fraction_max', 'missing')}; {s.get('tokens_per_s', 'missing')} "
+                 f"tok/s; peak {s.get('peak_memory_gib', 'missing')} GiB")
+    s = summary["gpt_oss_120b_fsdp_1gpu"]
+    lines.append(f"GPT-OSS-120B stand-in, FSDP2, 1 GPU: FSDP {s.get('fsdp_enabled', 'missing')}, held fraction "
+                 f"{s.get('parameters_held_fraction_max', 'missing')}; {s.get('tokens_per_s', 'missing')} tok/s; peak "
+                 f"{s.get('peak_memory_gib', 'missing')} GiB; merged vs base + adapter "
+                 f"{s.get('merged_vs_adapter_max_logit_diff', 'missing')}")
+    for name in ("gpt_oss_20b_ddp_1_vs_2gpu", "gpt_oss_120b_fsdp2_2gpu", "llama_3_2_1b_zero3_vs_ddp_2gpu"):
+        if name in summary:
+            shown = {k: v for k, v in summary[name].items() if not isinstance(v, dict) and k != "losses"}
+            lines.append(f"{name}: {json.dumps(shown, default=str)}")
     return "\n".join(lines)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", type=Path)
-    parser.add_argument("--layers-20b", type=int, required=True)
-    parser.add_argument("--layers-120b", type=int, required=True)
-    parser.add_argument("--models", type=Path, default=None, help="the stand-ins' folder (for parameter counts)")
     args = parser.parse_args(argv)
-    summary = summarise(args.results, args.layers_20b, args.layers_120b, args.models)
+    summary = summarise(args.results)
     (args.results / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     print(report(summary))
 

@@ -1,26 +1,29 @@
-"""FSDP2 fine-tune of a Qwen3 model on alpaca-style data, one torchrun agent per node.
+"""FSDP2 fine-tune of Qwen3.5-27B (or a Qwen3) on alpaca-style data, one torchrun agent per node.
 
     torchrun --nnodes=N --nproc-per-node=G --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 --rdzv-id=JOB \
-        train.py --config config.yaml [--key value ...]
+        train.py [--config my.yaml] [--key value ...]
 
 FSDP2: `fully_shard` on every decoder layer, then on the root (embeddings, final norm, lm_head), with
 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): compute in bf16, fp32 master weights and
-gradient reduction. Sequence packing: samples are concatenated into rows of seq_len tokens and their
+gradient reduction. Sequence packing: samples are concatenated into rows of max_length tokens and their
 position_ids restart at 0 for each sample; with attention_mask=None transformers (>= 5) reads the
 restarts and builds a block-diagonal causal mask (sdpa) or BlockMask (flex_attention), so a sample
-never attends to its neighbours. Loss on responses only. Non-reentrant activation checkpointing, fused
-AdamW on GPU, torch.compile per decoder layer, a distributed checkpoint (torch.distributed.checkpoint)
-every `checkpoint_every` steps, resumed automatically. `synthetic_data` + `random_init` turn it into the
-throughput benchmark (see README.md).
+never attends to its neighbours. Qwen3.5's Gated DeltaNet layers ignore position_ids: linear_attention.py
+gives their conv and recurrent state the sample boundaries (cu_seq_lens) and picks their kernels
+(flash-linear-attention + causal-conv1d when installed and correct, else PyTorch). Loss on responses only.
+Non-reentrant activation checkpointing, fused AdamW on GPU, torch.compile per decoder layer, a distributed
+checkpoint (torch.distributed.checkpoint) every `save_steps` steps (nbhelpers.checkpoints: sealed, verified on resume), resumed automatically.
+Parameters, the loss and the final model go to MLflow. `synthetic_data` + `random_init` turn it into
+the throughput benchmark (see README.md).
 """
 from __future__ import annotations
 
-import json
 import math
 import random
-import shutil
+import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -32,12 +35,100 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from tqdm import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from nbhelpers import checkpoints
+from nbhelpers.flops import FLOP_FORMULA, peak_flops
 from nbhelpers.metrics import peak_memory_bytes, write_metrics
-from nbhelpers.recipes import (FLOP_FORMULA, alpaca_prompt, flops_per_token, gather_rank_facts, init_distributed,
-                               load_rows, matmul_parameters, parse_config, peak_flops, shutdown,
-                               stop_clearly_if_a_peer_is_lost, tokenize_prompt_response)
 
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # recipes/: recipe_common.py, what the recipes share
+sys.path.insert(0, str(HERE))  # linear_attention.py, also when this file is imported from elsewhere
+from linear_attention import INSTALLED, has_linear_attention, install, packed_kwargs, select_kernels  # noqa: E402
+from recipe_common import (alpaca_prompt, gather_rank_facts, load_rows, log_causal_lm,  # noqa: E402
+                           model_sizes, parse_args, tokenize_prompt_response, torchrun_job)
+
+RECIPE = "fsdp2_qwen3_multinode"
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+
+
+def main():
+    args = parse_args(HERE, __doc__.split("\n")[0])
+    with torchrun_job(RECIPE, args) as (device, tracking):  # process group, seed, lost-node guard, MLflow on rank 0
+        model = build_model(args, device)
+        sizes = model_sizes(model, args.max_length)  # counted before sharding
+        shard_model(model, args, device)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay,
+                                      betas=(0.9, 0.95), fused=device.type == "cuda")
+        checkpoint_dir = Path(args.output_dir) / "checkpoints"
+        resumed = resume(model, optimizer, checkpoint_dir) if args.resume_from_checkpoint else Resumed()
+        batches = load_data(args, model.config.vocab_size, device, skip=resumed.step * args.gradient_accumulation_steps)
+        run = train(model, optimizer, batches, args, resumed, checkpoint_dir, device, tracking)
+        if args.save_final_model:
+            save_final_model(model, args, tracking)
+        report(args, model, sizes, resumed, run, device, tracking)
+
+
+# --------------------------------------------------------------------------------------------------
+# Model: loaded (or built at random for the benchmark), then sharded layer by layer
+# --------------------------------------------------------------------------------------------------
+def build_model(args, device):
+    """Every rank loads the checkpoint on CPU in fp32 (the master weights), or builds random weights directly on
+    its GPU for the benchmark (`random_init`: a config-only stand-in is enough)."""
+    attn = args.attn_implementation
+    if args.random_init:
+        config = AutoConfig.from_pretrained(args.model_name_or_path)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=attn)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32,
+                                                     attn_implementation=attn)
+    model.config.use_cache = False
+    if args.linear_attention_kernels not in ("auto", "torch"):
+        raise SystemExit(f"linear_attention_kernels must be auto or torch, not {args.linear_attention_kernels!r}")
+    if has_linear_attention(model.config):  # Qwen3.5: Gated DeltaNet kernels that keep packed samples apart
+        kernels = select_kernels(device, fast=args.linear_attention_kernels == "auto")
+        install(kernels)
+        if dist.get_rank() == 0:
+            print(kernels.describe(), flush=True)
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def shard_model(model, args, device) -> None:
+    """FSDP2: one FSDP unit per decoder layer (its all-gather overlaps the previous layer's compute), then the root
+    for what is left; each rank keeps its shard only."""
+    mp_policy = MixedPrecisionPolicy(param_dtype=DTYPES[args.param_dtype], reduce_dtype=DTYPES[args.reduce_dtype])
+    for layer in model.model.layers:
+        if args.torch_compile:  # the layer's forward only: FSDP's hooks stay eager; one graph serves every layer
+            layer.forward = torch.compile(layer.forward)
+        fully_shard(layer, mp_policy=mp_policy, reshard_after_forward=args.reshard_after_forward)
+    fully_shard(model, mp_policy=mp_policy, reshard_after_forward=args.reshard_after_forward)
+    model.to(device)  # moves each rank's shard only
+
+
+def local_numel(model) -> int:
+    """Elements of this rank's shards."""
+    return sum(p.to_local().numel() for p in model.parameters())
+
+
+# --------------------------------------------------------------------------------------------------
+# Data
+# --------------------------------------------------------------------------------------------------
+def load_data(args, vocab_size: int, device, skip: int):
+    """This rank's endless batches, with the first `skip` left out: a resumed run sees the same data order."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    if args.synthetic_data:
+        return synthetic_batches(vocab_size, args.max_length, args.per_device_train_batch_size, device,
+                                 args.seed + rank)
+    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
+    samples = [tokenize_prompt_response(tokenizer, alpaca_prompt(row), row["output"], args.max_length)
+               for row in load_rows(args.dataset_name, "train")]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    batches = packed_batches(samples, args.max_length, args.per_device_train_batch_size, pad_id, rank, world_size,
+                             args.seed)
+    for _ in range(skip):
+        next(batches)
+    return batches
 
 
 # --------------------------------------------------------------------------------------------------
@@ -77,8 +168,8 @@ def packed_batches(samples, seq_len, batch_size, pad_id, rank, world_size, seed)
         rows = pack([samples[i] for i in order], seq_len, pad_id)
         per_rank = len(rows) // world_size // batch_size * batch_size  # every rank runs the same number of steps
         if per_rank == 0:
-            raise ValueError(f"{len(rows)} packed rows cannot give {world_size} ranks a batch of {batch_size}; "
-                             "use more data, a smaller batch_size or a smaller seq_len")
+            raise ValueError(f"{len(rows)} packed rows cannot give {world_size} ranks a batch of {batch_size}; use more "
+                             "data, a smaller per_device_train_batch_size or a smaller max_length")
         mine = rows[rank::world_size][:per_rank]
         for start in range(0, per_rank, batch_size):
             chunk = mine[start:start + batch_size]
@@ -99,198 +190,160 @@ def cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tenso
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, reduction="sum")
 
 
-def learning_rate(step: int, cfg: dict) -> float:
-    if step < cfg["warmup_steps"]:
-        return cfg["lr"] * (step + 1) / cfg["warmup_steps"]
-    progress = (step - cfg["warmup_steps"]) / max(1, cfg["max_steps"] - cfg["warmup_steps"])
-    floor = cfg["lr"] * cfg["min_lr_ratio"]
-    return floor + 0.5 * (cfg["lr"] - floor) * (1 + math.cos(math.pi * min(1.0, progress)))
+def learning_rate(step: int, args) -> float:
+    """Linear warm-up over `warmup_steps`, then cosine decay to learning_rate * min_lr_ratio at max_steps."""
+    if step < args.warmup_steps:
+        return args.learning_rate * (step + 1) / args.warmup_steps
+    progress = (step - args.warmup_steps) / max(1, args.max_steps - args.warmup_steps)
+    floor = args.learning_rate * args.min_lr_ratio
+    return floor + 0.5 * (args.learning_rate - floor) * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
 # --------------------------------------------------------------------------------------------------
 # Distributed checkpoint: every rank writes its own shards; resumable on any number of ranks
 # --------------------------------------------------------------------------------------------------
-def latest_checkpoint(output_dir: Path) -> Path | None:
-    done = sorted(p.parent for p in (output_dir / "checkpoints").glob("step_*/trainer_state.json"))
-    return done[-1] if done else None
-
-
-def save_checkpoint(model, optimizer, step: int, losses: list, output_dir: Path, keep: int) -> Path:
-    path = output_dir / "checkpoints" / f"step_{step:07d}"
+def save_checkpoint(model, optimizer, step: int, losses: list, checkpoint_dir: Path, keep: int) -> Path:
+    """step_N, written as nbhelpers.checkpoints does: into step_N.tmp, manifest last, renamed into place."""
+    path = checkpoint_dir / f"step_{step:07d}"
     model_state, optimizer_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=path)
-    dist.barrier()
-    if dist.get_rank() == 0:  # written last: a checkpoint without it is incomplete and ignored
-        (path / "trainer_state.json").write_text(json.dumps({"step": step, "losses": losses}))
-        for old in sorted((output_dir / "checkpoints").glob("step_*"))[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-    dist.barrier()
+    with checkpoints.saving(path, {"step": step, "losses": losses}, keep=keep) as folder:
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=folder)
     return path
 
 
-def load_checkpoint(model, optimizer, path: Path) -> tuple[int, list]:
+class Resumed(NamedTuple):
+    path: Path | None = None  # the checkpoint; None: a fresh start
+    step: int = 0
+    losses: list = []
+
+
+def resume(model, optimizer, checkpoint_dir: Path) -> Resumed:
+    """Load the newest checkpoint whose every shard verifies, if there is one (the ranks check it together)."""
+    path = checkpoints.newest_verified(checkpoint_dir, "step_*")
+    if path is None:
+        return Resumed()
     model_state, optimizer_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optimizer_state}
     dcp.load(state, checkpoint_id=path)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-    trainer_state = json.loads((path / "trainer_state.json").read_text())
-    return trainer_state["step"], trainer_state["losses"]
+    metadata = checkpoints.read_metadata(path)
+    if dist.get_rank() == 0:
+        print(f"resumed from {path} (step {metadata['step']})", flush=True)
+    return Resumed(path, metadata["step"], metadata["losses"])
 
 
-def main():
-    cfg = parse_config(__doc__.split("\n")[0])
-    device = init_distributed(cfg["timeout_s"])
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    output_dir = Path(cfg["output_dir"])
-    on_gpu = device.type == "cuda"
-    torch.manual_seed(cfg["seed"])
-    with stop_clearly_if_a_peer_is_lost(cfg["timeout_s"]):
-        train(cfg, device, rank, world_size, output_dir, on_gpu)
-    shutdown()
+# --------------------------------------------------------------------------------------------------
+# Training
+# --------------------------------------------------------------------------------------------------
+def train_step(model, optimizer, loss_fn, micro_batches: list[dict], device, max_grad_norm: float) -> torch.Tensor:
+    """One optimizer step over the micro-batches; returns the mean loss per labelled token of all ranks (on device)."""
+    world_size, hybrid = dist.get_world_size(), has_linear_attention(model.config)
+    # Mean over every labelled token of the step on all ranks: FSDP averages gradients over ranks, so each rank
+    # scales its summed loss by world_size / (labelled tokens everywhere).
+    n_tokens = sum((mb["labels"] != -100).sum() for mb in micro_batches).to(device, torch.float32)
+    dist.all_reduce(n_tokens)
+    step_loss = torch.zeros((), device=device)
+    for i, mb in enumerate(micro_batches):
+        model.set_requires_gradient_sync(i == len(micro_batches) - 1)  # reduce-scatter once per step
+        position_ids = mb["position_ids"].to(device) if mb["position_ids"] is not None else None
+        samples = packed_kwargs(position_ids) if position_ids is not None and hybrid else {}  # for linear attention
+        logits = model(input_ids=mb["input_ids"].to(device), position_ids=position_ids, **samples).logits
+        loss_sum = loss_fn(logits, mb["labels"].to(device))
+        (loss_sum * world_size / n_tokens).backward()
+        step_loss += loss_sum.detach()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    dist.all_reduce(step_loss)
+    return step_loss / n_tokens
 
 
-def train(cfg, device, rank, world_size, output_dir, on_gpu):
-    # Model: every rank loads the checkpoint on CPU in fp32 (the master weights), or builds random weights
-    # directly on its GPU for the benchmark (`random_init`: a config-only stand-in is enough).
-    attn = cfg["attn_implementation"]
-    if cfg["random_init"]:
-        config = AutoConfig.from_pretrained(cfg["model_name"])
-        with torch.device(device):
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=attn)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(cfg["model_name"], dtype=torch.float32, attn_implementation=attn)
-    model.config.use_cache = False
-    n_parameters = sum(p.numel() for p in model.parameters())
-    n_matmul_parameters = matmul_parameters(model)
-    flops_token = flops_per_token(model, cfg["seq_len"])  # counted before sharding
-    if cfg["activation_checkpointing"]:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-
-    # FSDP2: one FSDP unit per decoder layer (its all-gather overlaps the previous layer's compute), then
-    # the root for what is left.
-    mp_policy = MixedPrecisionPolicy(param_dtype=DTYPES[cfg["param_dtype"]], reduce_dtype=DTYPES[cfg["reduce_dtype"]])
-    layers = model.model.layers
-    for layer in layers:
-        if cfg["compile"]:  # the layer's forward only: FSDP's hooks around it stay eager; one graph serves every layer
-            layer.forward = torch.compile(layer.forward)
-        fully_shard(layer, mp_policy=mp_policy, reshard_after_forward=cfg["reshard_after_forward"])
-    fully_shard(model, mp_policy=mp_policy, reshard_after_forward=cfg["reshard_after_forward"])
-    model.to(device)  # moves each rank's shard only
-    local_numel = sum(p.to_local().numel() for p in model.parameters())
-    loss_fn = torch.compile(cross_entropy_sum) if cfg["compile"] else cross_entropy_sum
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"],
-                                  betas=(0.9, 0.95), fused=on_gpu)
-
-    # Resume from the newest complete checkpoint, if any.
-    start_step, losses, resumed_from = 0, [], None
-    checkpoint = latest_checkpoint(output_dir) if cfg["resume"] else None
-    if checkpoint is not None:
-        start_step, losses = load_checkpoint(model, optimizer, checkpoint)
-        resumed_from = start_step
-        if rank == 0:
-            print(f"resumed from {checkpoint} (step {start_step})", flush=True)
-
-    # Data
-    if cfg["synthetic_data"]:
-        batches = synthetic_batches(model.config.vocab_size, cfg["seq_len"], cfg["batch_size"], device,
-                                    cfg["seed"] + rank)
-    else:
-        tokenizer = AutoTokenizer.from_pretrained(cfg["model_name"])
-        rows = load_rows(cfg["dataset"], "train")
-        samples = [tokenize_prompt_response(tokenizer, alpaca_prompt(row), row["output"], cfg["seq_len"])
-                   for row in rows]
-        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        batches = packed_batches(samples, cfg["seq_len"], cfg["batch_size"], pad_id, rank, world_size, cfg["seed"])
-        for _ in range(start_step * cfg["grad_accum"]):  # the same data order as an uninterrupted run
-            next(batches)
-
+def train(model, optimizer, batches, args, resumed: Resumed, checkpoint_dir: Path, device, tracking) -> dict:
+    """Steps resumed.step .. max_steps; a checkpoint every save_steps; the loss read back (a GPU sync) only when logged."""
+    rank, on_gpu = dist.get_rank(), device.type == "cuda"
+    loss_fn = torch.compile(cross_entropy_sum) if args.torch_compile else cross_entropy_sum
     nodes = len({f["node_rank"] for f in gather_rank_facts()})
     if rank == 0:
-        print(f"{world_size} ranks on {nodes} node(s); {n_parameters / 1e6:.1f} M parameters, "
-              f"{local_numel / 1e6:.1f} M on rank 0; steps {start_step}..{cfg['max_steps']}", flush=True)
-
+        print(f"{dist.get_world_size()} ranks on {nodes} node(s); {local_numel(model) / 1e6:.1f} M parameters on rank 0; "
+              f"steps {resumed.step}..{args.max_steps}", flush=True)
     model.train()
-    step_losses = []  # this run's per-step loss tensors; read back (a GPU sync) only every log_every steps
-    timing_from = start_step + cfg["timing_warmup_steps"]  # steps before it warm up (and compile)
+    step_losses, saved = [], []  # this run's per-step loss tensors; the checkpoints it wrote
+    timing_from = resumed.step + args.timing_warmup_steps  # steps before it warm up (and compile)
     timed_start, first_step_s = None, None
-    checkpoints = []
-    progress = tqdm(range(start_step, cfg["max_steps"]), disable=rank != 0, desc="train", mininterval=5)
-    for step in progress:
+    for step in tqdm(range(resumed.step, args.max_steps), disable=rank != 0, desc="train", mininterval=5):
         if step == timing_from:
             if on_gpu:
                 torch.cuda.synchronize()
             timed_start = time.perf_counter()
         step_started = time.perf_counter()
         for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, cfg)
-        micro_batches = [next(batches) for _ in range(cfg["grad_accum"])]
-        # Mean over every labelled token of the step on all ranks: FSDP averages gradients over ranks,
-        # so each rank scales its summed loss by world_size / (labelled tokens everywhere).
-        n_tokens = sum((mb["labels"] != -100).sum() for mb in micro_batches).to(device, torch.float32)
-        dist.all_reduce(n_tokens)
-        step_loss = torch.zeros((), device=device)
-        for i, mb in enumerate(micro_batches):
-            model.set_requires_gradient_sync(i == len(micro_batches) - 1)  # reduce-scatter once per step
-            position_ids = mb["position_ids"].to(device) if mb["position_ids"] is not None else None
-            logits = model(input_ids=mb["input_ids"].to(device), position_ids=position_ids).logits
-            loss_sum = loss_fn(logits, mb["labels"].to(device))
-            (loss_sum * world_size / n_tokens).backward()
-            step_loss += loss_sum.detach()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["max_grad_norm"])
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        dist.all_reduce(step_loss)
-        step_losses.append(step_loss / n_tokens)
-        if step == start_step:
+            group["lr"] = learning_rate(step, args)
+        micro_batches = [next(batches) for _ in range(args.gradient_accumulation_steps)]
+        step_losses.append(train_step(model, optimizer, loss_fn, micro_batches, device, args.max_grad_norm))
+        if step == resumed.step:
             first_step_s = time.perf_counter() - step_started  # includes torch.compile
+            checkpoints.check_resumed_loss(step_losses[0].item(), resumed.path)
         done = step + 1
-        if done % cfg["log_every"] == 0 or done == cfg["max_steps"]:
-            progress.set_postfix(loss=f"{step_losses[-1].item():.4f}")
+        if done % args.logging_steps == 0 or done == args.max_steps:
+            loss = step_losses[-1].item()
             if rank == 0:
-                print(f"step {done} loss {step_losses[-1].item():.4f} lr {learning_rate(step, cfg):.2e}", flush=True)
-        if cfg["checkpoint_every"] and done % cfg["checkpoint_every"] == 0 and done < cfg["max_steps"]:
-            checkpoints.append(str(save_checkpoint(model, optimizer, done, losses + [x.item() for x in step_losses],
-                                                   output_dir, cfg["keep_checkpoints"])))
+                print(f"step {done} loss {loss:.4f} lr {learning_rate(step, args):.2e}", flush=True)
+            if tracking:
+                tracking.log_metrics({"loss": loss, "learning_rate": learning_rate(step, args)}, step=done)
+        if args.save_steps and done % args.save_steps == 0 and done < args.max_steps:
+            losses = resumed.losses + [x.item() for x in step_losses]
+            saved.append(str(save_checkpoint(model, optimizer, done, losses, checkpoint_dir, args.save_total_limit)))
     if on_gpu:
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - timed_start if timed_start is not None else None
-    timed_steps = cfg["max_steps"] - timing_from if elapsed else 0
-    losses = losses + [x.item() for x in step_losses]
+    return {"losses": resumed.losses + [x.item() for x in step_losses], "checkpoints": saved, "timed_seconds": elapsed,
+            "timed_steps": args.max_steps - timing_from if elapsed else 0, "first_step_seconds": first_step_s}
 
-    if cfg["save_final_model"]:
-        # Gathers the full state dict to rank 0's CPU: fine up to a few B parameters.
-        full_state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        if rank == 0:
-            model.save_pretrained(output_dir / "final_model", state_dict=full_state)
-            AutoTokenizer.from_pretrained(cfg["model_name"]).save_pretrained(output_dir / "final_model")
-        dist.barrier()
 
-    tokens_per_step = cfg["batch_size"] * cfg["seq_len"] * cfg["grad_accum"] * world_size
+def save_final_model(model, args, tracking) -> None:
+    """The full state dict gathered to rank 0's CPU (fine up to a few B parameters), saved with save_pretrained into
+    output_dir/final_model the way nbhelpers.checkpoints writes (complete or absent), then logged to MLflow."""
+    full_state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    with checkpoints.saving(Path(args.output_dir) / "final_model") as folder:
+        if dist.get_rank() == 0:
+            model.save_pretrained(folder, state_dict=full_state)
+            AutoTokenizer.from_pretrained(args.model_name_or_path).save_pretrained(folder)
+    log_causal_lm(tracking, Path(args.output_dir) / "final_model")
+
+
+def report(args, model, sizes: dict, resumed: Resumed, run: dict, device, tracking) -> None:
+    """metrics.json (rank 0): losses, checkpoints, throughput and MFU, each rank's shard and peak memory."""
+    on_gpu, world_size = device.type == "cuda", dist.get_world_size()
+    tokens_per_step = args.per_device_train_batch_size * args.max_length * args.gradient_accumulation_steps * world_size
+    elapsed, timed_steps = run["timed_seconds"], run["timed_steps"]
     tokens_per_s = tokens_per_step * timed_steps / elapsed if elapsed and timed_steps else None
-    peak = peak_flops(device, cfg["peak_tflops"] * 1e12 if cfg["peak_tflops"] else None)
-    facts = gather_rank_facts(local_shard_numel=local_numel, peak_memory_bytes=peak_memory_bytes(device),
+    tokens_per_s_per_gpu = tokens_per_s / world_size if tokens_per_s else None
+    peak = peak_flops(device, args.peak_tflops * 1e12 if args.peak_tflops else None)
+    mfu = tokens_per_s_per_gpu * sizes["flops_per_token"] / peak if (tokens_per_s_per_gpu and peak) else None
+    facts = gather_rank_facts(local_shard_numel=local_numel(model),
+                              peak_memory_bytes=peak_memory_bytes(device),
                               peak_reserved_bytes=torch.cuda.max_memory_reserved(device) if on_gpu else None,
                               device=torch.cuda.get_device_name(device) if on_gpu else "cpu")
-    if rank == 0:
-        tokens_per_s_per_gpu = tokens_per_s / world_size if tokens_per_s else None
-        metrics = write_metrics(
-            output_dir, recipe="fsdp2_qwen3_multinode", model_name=cfg["model_name"],
-            world_size=world_size, nodes=len({f["node_rank"] for f in facts}), ranks=facts,
-            parameters=n_parameters, matmul_parameters=n_matmul_parameters,
-            local_shard_numel=[f["local_shard_numel"] for f in facts],
-            peak_memory_bytes=[f["peak_memory_bytes"] for f in facts],
-            losses=losses, initial_loss=losses[0], final_loss=losses[-1],
-            resumed_from_step=resumed_from, checkpoints=checkpoints, steps=cfg["max_steps"],
-            timed_steps=timed_steps, timed_seconds=elapsed, first_step_seconds=first_step_s,
-            tokens_per_step=tokens_per_step, tokens_per_s=tokens_per_s, tokens_per_s_per_gpu=tokens_per_s_per_gpu,
-            flops_per_token=flops_token, flop_formula=FLOP_FORMULA, peak_flops_per_gpu=peak,
-            mfu=tokens_per_s_per_gpu * flops_token / peak if (tokens_per_s_per_gpu and peak) else None,
-            config=cfg)
-        print(f"done: final loss {losses[-1]:.4f}; metrics in {metrics}", flush=True)
-        if tokens_per_s:
-            mfu = json.loads(metrics.read_text())["mfu"]
-            print(f"throughput {tokens_per_s:,.0f} tokens/s ({tokens_per_s_per_gpu:,.0f} per GPU)"
-                  + (f", MFU {mfu:.1%}" if mfu else ""), flush=True)
+    if dist.get_rank() != 0:
+        return
+    losses = run["losses"]
+    path = write_metrics(
+        args.output_dir, recipe=RECIPE, model_name_or_path=args.model_name_or_path, world_size=world_size,
+        nodes=len({f["node_rank"] for f in facts}), ranks=facts, **sizes,
+        local_shard_numel=[f["local_shard_numel"] for f in facts], peak_memory_bytes=[f["peak_memory_bytes"] for f in facts],
+        losses=losses, initial_loss=losses[0], final_loss=losses[-1], resumed_from_step=resumed.step if resumed.path else None,
+        checkpoints=run["checkpoints"], steps=args.max_steps, timed_steps=timed_steps, timed_seconds=elapsed,
+        first_step_seconds=run["first_step_seconds"], tokens_per_step=tokens_per_step, tokens_per_s=tokens_per_s,
+        tokens_per_s_per_gpu=tokens_per_s_per_gpu, flop_formula=FLOP_FORMULA, peak_flops_per_gpu=peak, mfu=mfu,
+        linear_attention_kernels=INSTALLED[-1].describe() if has_linear_attention(model.config) else None,
+        config=vars(args))
+    if tracking:
+        tracking.log_metrics({k: v for k, v in {"final_loss": losses[-1], "tokens_per_s": tokens_per_s, "mfu": mfu}.items()
+                              if v is not None})
+    print(f"done: final loss {losses[-1]:.4f}; metrics in {path}", flush=True)
+    if tokens_per_s:
+        print(f"throughput {tokens_per_s:,.0f} tokens/s ({tokens_per_s_per_gpu:,.0f} per GPU)"
+              + (f", MFU {mfu:.1%}" if mfu else ""), flush=True)
 
 
 if __name__ == "__main__":

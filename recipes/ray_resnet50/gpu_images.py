@@ -391,14 +391,14 @@ class JpegFolderLoader:
 
 
 class DataLoaderBatches:
-    """The recipe's first data path: PIL decoding and torchvision transforms in `loader_workers` DataLoader
+    """The recipe's first data path: PIL decoding and torchvision transforms in `dataloader_num_workers` DataLoader
     processes, a DistributedSampler across ranks, batches moved to `device` (channels_last on GPUs).
 
     Kept for comparison (benchmarks/resnet_data.py) and for image folders that are not all JPEG.
     """
 
     def __init__(self, root, *, batch_size: int, image_size: int, device, train: bool, rank: int = 0,
-                 world_size: int = 1, seed: int = 0, loader_workers: int = 6, scale=(0.35, 1.0)):
+                 world_size: int = 1, seed: int = 0, dataloader_num_workers: int = 6, scale=(0.35, 1.0)):
         from torchvision import transforms
 
         normalize = transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)
@@ -417,8 +417,8 @@ class DataLoaderBatches:
         generator = torch.Generator().manual_seed(seed)
         self.loader = torch.utils.data.DataLoader(
             self.dataset, batch_size=batch_size, shuffle=train and self.sampler is None, sampler=self.sampler,
-            drop_last=train, num_workers=loader_workers, pin_memory=self.device.type == "cuda",
-            persistent_workers=loader_workers > 0, generator=generator)
+            drop_last=train, num_workers=dataloader_num_workers, pin_memory=self.device.type == "cuda",
+            persistent_workers=dataloader_num_workers > 0, generator=generator)
 
     @property
     def num_classes(self) -> int:
@@ -440,7 +440,7 @@ class DataLoaderBatches:
 
 
 def make_loaders(pipeline: str, data_dir, *, batch_size: int, image_size: int, device, rank: int, world_size: int,
-                 seed: int, read_threads: int, loader_workers: int):
+                 seed: int, read_threads: int, dataloader_num_workers: int):
     """(train, val) loaders of DATA_DIR/train and DATA_DIR/val for one rank; `pipeline` is "device" or "dataloader"."""
     common = dict(batch_size=batch_size, image_size=image_size, device=device, rank=rank, world_size=world_size, seed=seed)
     if pipeline == "device":
@@ -448,5 +448,5 @@ def make_loaders(pipeline: str, data_dir, *, batch_size: int, image_size: int, d
                                       **common) for split in ("train", "val"))
     if pipeline == "dataloader":
         return tuple(DataLoaderBatches(os.path.join(data_dir, split), train=split == "train",
-                                       loader_workers=loader_workers, **common) for split in ("train", "val"))
+                                       dataloader_num_workers=dataloader_num_workers, **common) for split in ("train", "val"))
     raise ValueError(f"data pipeline must be 'device' or 'dataloader', got {pipeline!r}")

@@ -1,21 +1,24 @@
 """Fine-tune torchvision's ResNet-50 on Imagenette-style image folders with Ray Train (DDP on every worker).
 
-    python recipes/ray_resnet50/train.py --data ~/data/imagenette2-320 --num-workers 2          # one node
-    RAY_ADDRESS=HEAD:6379 python recipes/ray_resnet50/train.py --data /shared/imagenette2-320 \\
-        --num-workers 16 --storage-path /shared/ray_results                                   # a cluster
+    python recipes/ray_resnet50/train.py --dataset_name ~/data/imagenette2-320 --num_workers 2     # one node
+    RAY_ADDRESS=HEAD:6379 python recipes/ray_resnet50/train.py --dataset_name /shared/imagenette2-320 \\
+        --num_workers 16 --storage_path /shared/ray_results                                   # a cluster
 
-Defaults are in config.yaml (5 epochs, batch 64 per worker, AdamW 1e-3, ImageNet weights); any flag
-overrides them. Each epoch every worker reports train/val loss and accuracy and the epoch's seconds
-through `ray.train.report`, and rank 0 attaches a checkpoint. A worker that dies (a lost node, a
-killed process) makes Ray Train restart the whole worker group, up to `--max-failures` times; the
-training function then finds the last checkpoint in `ray.train.get_checkpoint()` and continues from
-the epoch after it. The driver writes OUTPUT_DIR/metrics.json (per-epoch history, throughput).
+Defaults are in config.yaml (5 epochs, batch 64 per worker, AdamW 1e-3, ImageNet weights); every key is a
+flag (`--learning_rate 3e-4`), `--config my.yaml` changes any of them. Each epoch every worker reports
+train/val loss and accuracy and the epoch's seconds through `ray.train.report`, and rank 0 attaches a
+checkpoint it sealed (nbhelpers.checkpoints: a manifest of checksums, copied with it by Ray Train). A
+worker that dies (a lost node, a killed process) makes Ray Train restart the whole worker group, up to
+`max_failures` times; the training function then resumes from the newest checkpoint of the run that
+verifies (Ray's latest, or the one before it if that one is damaged) and continues from the epoch after
+it. The driver writes OUTPUT_DIR/metrics.json (per-epoch history, throughput) and logs the settings, the
+per-epoch metrics and the model (mlflow.pytorch, with its signature) to MLflow.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,19 +27,25 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 import torchvision
-import yaml
 
-import gpu_images
 import ray
-import ray.cloudpickle
 import ray.train
 import ray.train.torch
-from gpu_images import make_loaders
-from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from ray.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
+import nbhelpers
+from nbhelpers import checkpoints
+
 HERE = Path(__file__).resolve().parent
-ray.cloudpickle.register_pickle_by_value(gpu_images)  # the workers get the data path with the function, not by import
+sys.path.insert(0, str(HERE.parent))  # recipes/: recipe_common.py, what the recipes share
+import recipe_common  # noqa: E402
+from recipe_common import mlflow_run, parse_args  # noqa: E402
+
+import gpu_images  # noqa: E402  the data path: JPEGs decoded and augmented on the worker's device
+from gpu_images import make_loaders  # noqa: E402
+
+RECIPE = "ray_resnet50"
 
 
 def build_model(weights: str | None, num_classes: int) -> torch.nn.Module:
@@ -95,33 +104,33 @@ def train_loop_per_worker(config: dict) -> dict:
 
     # JPEG decoding and augmentation on this worker's device, a few batches ahead (gpu_images.py)
     train_loader, val_loader = make_loaders(
-        config["data_pipeline"], config["data"], batch_size=config["batch_size"], image_size=config["image_size"],
-        device=device, rank=rank, world_size=world_size, seed=config["seed"], read_threads=config["read_threads"],
-        loader_workers=config["loader_workers"])
+        config["data_pipeline"], config["dataset_name"], batch_size=config["per_device_train_batch_size"],
+        image_size=config["image_size"], device=device, rank=rank, world_size=world_size, seed=config["seed"],
+        read_threads=config["read_threads"], dataloader_num_workers=config["dataloader_num_workers"])
     model = build_model(config["weights"], num_classes=train_loader.num_classes)
-    start_epoch, state, history = 0, None, []
-    checkpoint = ray.train.get_checkpoint()  # set when Ray Train restarted us after a failure
-    if checkpoint:
-        with checkpoint.as_directory() as folder:
-            state = torch.load(os.path.join(folder, "checkpoint.pt"), map_location="cpu", weights_only=True)
+    start_epoch, history = 0, []
+    resumed_from, state = load_newest_verified(ray.train.get_checkpoint())  # after a failure, or a rerun
+    if state is not None:
         model.load_state_dict(state["model"])
         start_epoch, history = state["epoch"] + 1, state["history"]
-        print(f"rank {rank}: resuming from the checkpoint of epoch {state['epoch']}", flush=True)
+        print(f"rank {rank}: resuming from {resumed_from} (epoch {state['epoch']})", flush=True)
 
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)  # the layout cuDNN's bf16 convolutions want
     if config["torch_compile"]:  # in place (the state dict keeps its names), before DDP wraps it (no graph breaks)
         model.compile()
     model = ray.train.torch.prepare_model(model)  # Ray: onto this worker's device, wrapped in DDP
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config["lr"], weight_decay=config["weight_decay"])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config["learning_rate"], weight_decay=config["weight_decay"])
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])  # after the move: its state follows the parameters
 
-    for epoch in range(start_epoch, config["epochs"]):
+    for epoch in range(start_epoch, config["num_train_epochs"]):
         train_loader.set_epoch(epoch)  # this epoch's shuffle and crops: the same after a restart
         started = time.perf_counter()
         train_loss, train_acc, train_images, train_s = run_epoch(model, train_loader, optimizer, device, bf16)
         die_once(config, epoch, rank, world_size)
+        if epoch == start_epoch:
+            checkpoints.check_resumed_loss(train_loss, resumed_from)
         val_loss, val_acc, _, _ = run_epoch(model, val_loader, None, device, bf16)
         metrics = {
             "epoch": epoch, "train_loss": train_loss, "train_accuracy": train_acc, "val_loss": val_loss,
@@ -137,90 +146,82 @@ def train_loop_per_worker(config: dict) -> dict:
             if rank == 0:  # DDP keeps the replicas identical: one copy is the checkpoint
                 torch.save({"epoch": epoch, "model": model.module.state_dict() if world_size > 1 else model.state_dict(),
                             "optimizer": optimizer.state_dict(), "history": history}, os.path.join(folder, "checkpoint.pt"))
-                checkpoint = Checkpoint.from_directory(folder)
+                checkpoint = Checkpoint.from_directory(checkpoints.seal(folder, {"epoch": epoch}, no_dist=True))
             # Every worker reports (it is a barrier); the metrics of rank 0 are kept with the checkpoint.
             ray.train.report({**metrics, "history": history}, checkpoint=checkpoint)
+        if rank == 0:  # Ray has copied it: keep the newest save_total_limit, never the newest verified one
+            checkpoints.rotate(config["experiment_dir"], config["save_total_limit"], "checkpoint_*")
     return history
 
 
-def parse_args(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--config", default=str(HERE / "config.yaml"), help="YAML file of defaults")
-    parser.add_argument("--data", help="folder with train/ and val/ class folders (Imagenette layout)")
-    parser.add_argument("--download", action=argparse.BooleanOptionalAction,
-                        help="fetch Imagenette (320 px) into --data's parent if --data has no train/")
-    parser.add_argument("--num-workers", type=int, help="Ray Train workers: one GPU each (or CPU)")
-    parser.add_argument("--use-gpu", action=argparse.BooleanOptionalAction, help="default: if the cluster has GPUs")
-    parser.add_argument("--epochs", type=int)
-    parser.add_argument("--batch-size", type=int, help="per worker")
-    parser.add_argument("--lr", type=float)
-    parser.add_argument("--weight-decay", type=float)
-    parser.add_argument("--weights", help="torchvision weights name, or 'none' to train from scratch")
-    parser.add_argument("--image-size", type=int)
-    parser.add_argument("--data_pipeline", choices=("device", "dataloader"),
-                        help="device: decode JPEGs on the worker's GPU (nvJPEG) or CPU; dataloader: PIL in DataLoader processes")
-    parser.add_argument("--read_threads", type=int, help="threads per Ray worker reading JPEG files (device pipeline)")
-    parser.add_argument("--loader-workers", type=int, help="DataLoader processes per Ray worker (dataloader pipeline)")
-    parser.add_argument("--torch_compile", action=argparse.BooleanOptionalAction, help="compile the model (torch.compile)")
-    parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, help="bf16 autocast on GPUs")
-    parser.add_argument("--max-failures", type=int, help="worker-group restarts allowed (from the last checkpoint)")
-    parser.add_argument("--seed", type=int)
-    parser.add_argument("--output-dir", help="metrics.json goes here")
-    parser.add_argument("--storage-path", help="checkpoints (shared storage on a cluster); default OUTPUT_DIR/ray_results")
-    parser.add_argument("--address", help="Ray cluster address; default RAY_ADDRESS, else a local Ray")
-    parser.add_argument("--fail-once-at-epoch", type=int, help=argparse.SUPPRESS)  # tests: kill a worker once
-    args = parser.parse_args(argv)
-    config = yaml.safe_load(Path(args.config).read_text())
-    config.update({k: v for k, v in vars(args).items() if v is not None and k != "config"})
-    config["weights"] = None if str(config["weights"]).lower() in ("none", "") else config["weights"]
-    for key in ("data", "output_dir"):
-        config[key] = os.path.abspath(os.path.expanduser(config[key]))
-    config["storage_path"] = config.get("storage_path") or os.path.join(config["output_dir"], "ray_results")
-    config["fail_marker"] = os.path.join(config["output_dir"], "killed_worker.marker")
-    return config
+def load_newest_verified(checkpoint) -> tuple[Path | None, dict | None]:
+    """The newest checkpoint of this run (in Ray's folder of the run) whose files match their manifest, loaded:
+    Ray's latest, or the one before it if that one is damaged. Every worker calls this (they check it together)."""
+    if checkpoint is None:
+        return None, None
+    folder = checkpoints.newest_verified(Path(checkpoint.path).parent, "checkpoint_*")
+    return folder, torch.load(folder / "checkpoint.pt", map_location="cpu", weights_only=True)
 
 
 def main(argv=None) -> None:
-    config = parse_args(argv)
-    if not os.path.isdir(os.path.join(config["data"], "train")):
-        if not config["download"]:
-            raise SystemExit(f"{config['data']} has no train/ folder; pass --data DIR or --download")
-        torchvision.datasets.Imagenette(os.path.dirname(config["data"]), split="train", size="320px", download=True)
+    args = parse_args(HERE, __doc__.split("\n")[0], argv, hidden={"fail_once_at_epoch": None})  # hidden: tests
+    args.weights = None if str(args.weights).lower() in ("none", "") else args.weights
+    args.dataset_name, args.output_dir = (os.path.abspath(os.path.expanduser(p)) for p in (args.dataset_name, args.output_dir))
+    args.storage_path = args.storage_path or os.path.join(args.output_dir, "ray_results")
+    args.experiment_dir = os.path.join(args.storage_path, args.run_name)  # where Ray Train copies the checkpoints
+    args.fail_marker = os.path.join(args.output_dir, "killed_worker.marker")
+    if not os.path.isdir(os.path.join(args.dataset_name, "train")):
+        if not args.download:
+            raise SystemExit(f"{args.dataset_name} has no train/ folder; pass --dataset_name DIR or --download true")
+        torchvision.datasets.Imagenette(os.path.dirname(args.dataset_name), split="train", size="320px", download=True)
     os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")  # worker prints reach us once, not twice
-    ray.init(address=config.get("address"))
-    use_gpu = config.get("use_gpu")
-    if use_gpu is None:
-        use_gpu = ray.cluster_resources().get("GPU", 0) > 0
-    trainer = TorchTrainer(
-        train_loop_per_worker,
-        train_loop_config=config,
-        scaling_config=ScalingConfig(num_workers=config["num_workers"], use_gpu=use_gpu),
-        run_config=RunConfig(
-            name=config["run_name"],
-            storage_path=config["storage_path"],
-            failure_config=FailureConfig(max_failures=config["max_failures"]),
-            checkpoint_config=CheckpointConfig(num_to_keep=2),
-        ),
-    )
-    started = time.perf_counter()
-    result = trainer.fit()
-    wall_s = time.perf_counter() - started
-    history = result.metrics["history"]  # every epoch, across worker-group restarts (it travels in the checkpoint)
-    losses = [m["train_loss"] for m in history]
+    # Every node gets the code the workers import: recipe_common and gpu_images (not installed) and nbhelpers.
+    ray.init(address=args.ray_address, runtime_env={"py_modules": [recipe_common, gpu_images, nbhelpers]})
+    use_gpu = args.use_gpu if args.use_gpu is not None else ray.cluster_resources().get("GPU", 0) > 0
+    with mlflow_run(RECIPE, args.output_dir, args.mlflow_tracking_uri, vars(args)) as tracking:
+        trainer = TorchTrainer(
+            train_loop_per_worker,
+            train_loop_config=vars(args),
+            scaling_config=ScalingConfig(num_workers=args.num_workers, use_gpu=use_gpu),
+            run_config=RunConfig(name=args.run_name, storage_path=args.storage_path,
+                                 failure_config=FailureConfig(max_failures=args.max_failures)),
+        )  # no CheckpointConfig(num_to_keep): the workers rotate, never deleting the newest verified checkpoint
+        started = time.perf_counter()
+        result = trainer.fit()
+        report(args, result, use_gpu, time.perf_counter() - started, tracking)
+
+
+def report(args, result, use_gpu: bool, wall_s: float, tracking) -> None:
+    """metrics.json, and the per-epoch metrics and the model of the last verified checkpoint in MLflow."""
+    from mlflow.models import infer_signature
+
     from nbhelpers.metrics import write_metrics
 
+    history = result.metrics["history"]  # every epoch, across worker-group restarts (it travels in the checkpoint)
+    losses = [m["train_loss"] for m in history]
     path = write_metrics(
-        config["output_dir"],
-        recipe="ray_resnet50", world_size=history[-1]["world_size"], use_gpu=use_gpu,
-        data_pipeline=config["data_pipeline"], torch_compile=config["torch_compile"],
-        batch_size_per_worker=config["batch_size"], image_size=config["image_size"], weights=config["weights"],
+        args.output_dir,
+        recipe=RECIPE, world_size=history[-1]["world_size"], use_gpu=use_gpu,
+        data_pipeline=args.data_pipeline, torch_compile=args.torch_compile,
+        per_device_train_batch_size=args.per_device_train_batch_size, image_size=args.image_size, weights=args.weights,
         epochs=history, losses=losses, initial_loss=losses[0], final_loss=losses[-1],
         final_val_accuracy=history[-1]["val_accuracy"],
         images_per_s=history[-1]["images_per_s"],  # the last epoch: warm (the first includes cuDNN tuning)
         worker_group_starts=sorted({m["started_at_epoch"] for m in history}),
-        killed_worker=os.path.exists(config["fail_marker"]),
+        killed_worker=os.path.exists(args.fail_marker),
         checkpoint=result.checkpoint.path if result.checkpoint else None, wall_s=wall_s,
     )
+    for m in history:
+        tracking.log_metrics({k: m[k] for k in ("train_loss", "train_accuracy", "val_loss", "val_accuracy",
+                                                 "images_per_s")}, step=m["epoch"])
+    folder = checkpoints.newest_verified(Path(args.experiment_dir), "checkpoint_*")
+    state = torch.load(folder / "checkpoint.pt", map_location="cpu", weights_only=True)
+    model = build_model(None, num_classes=state["model"]["fc.weight"].shape[0])
+    model.load_state_dict(state["model"])
+    example = torch.randn(2, 3, args.image_size, args.image_size)
+    with torch.no_grad():
+        signature = infer_signature(example.numpy(), model.eval()(example).numpy())
+    tracking.pytorch.log_model(model, name="model", signature=signature, input_example=example.numpy())
     print(f"final: train loss {losses[-1]:.4f}, val accuracy {history[-1]['val_accuracy']:.3f}, "
           f"{history[-1]['images_per_s']:.0f} images/s on {history[-1]['world_size']} workers -> {path}")
 

@@ -1,10 +1,13 @@
-"""What the command-line recipes (recipes/*/train.py) share: config + flags, torchrun setup, a clear
-error when a node is lost, alpaca-style prompts, shard facts, and the FLOP count behind MFU.
+"""What the command-line recipes (recipes/*/train.py) share, and nothing else does: settings from
+config.yaml and flags, torchrun setup, a clear error when a node is lost, alpaca-style data, the FLOP
+count behind MFU, and MLflow tracking.
 
-    cfg = parse_config("FSDP2 fine-tune")          # --config config.yaml, then any --key value override
-    device = init_distributed(cfg["timeout_s"])    # the process group torchrun's environment describes
-    with stop_clearly_if_a_peer_is_lost(cfg["timeout_s"]):
-        train(...)                                 # a dead node: a one-paragraph error and exit 1, no hang
+Each train.py puts this folder (recipes/) on sys.path, so `torchrun ... train.py` and `python train.py`
+work from anywhere; the Ray recipes ship this file to every node with `runtime_env={"py_modules": ...}`.
+
+    args = parse_args(Path(__file__).parent, "FSDP2 fine-tune")   # config.yaml's keys are the flags
+    with torchrun_job("fsdp2", args) as (device, tracking):   # process group, seed, MLflow run on rank 0
+        ...                                        # a dead node: a clear error and exit 1, no hang
 """
 from __future__ import annotations
 
@@ -18,9 +21,9 @@ import sys
 from pathlib import Path
 
 from nbhelpers import runtime
+from nbhelpers.flops import flops_per_token, matmul_parameters
+from nbhelpers.metrics import mlflow_experiment, mlflow_tracking_uri
 
-# Dense bf16 tensor-core peak per GPU, as the vendor's data sheet states it (no sparsity).
-PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "H800": 989e12, "A100": 312e12, "A800": 312e12, "L40S": 362e12}
 
 ALPACA_PROMPT_WITH_INPUT = (
     "Below is an instruction that describes a task, paired with an input that provides further context. "
@@ -32,7 +35,7 @@ ALPACA_PROMPT = (
 
 
 # --------------------------------------------------------------------------------------------------
-# Config: a YAML/JSON file whose every key is also a command-line flag
+# Settings: every key of the recipe's config.yaml is a flag, spelled as Hugging Face spells it
 # --------------------------------------------------------------------------------------------------
 def _parse_bool(text: str) -> bool:
     if text.lower() in ("1", "true", "yes", "on"):
@@ -52,6 +55,8 @@ def _flag_type(default):
 
 
 def _scalar(text: str):
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
     for cast in (int, float):
         try:
             return cast(text)
@@ -69,26 +74,38 @@ def load_config_file(path: str | Path) -> dict:
     return yaml.safe_load(path.read_text()) or {}
 
 
-def parse_config(description: str, argv=None) -> dict:
-    """`--config FILE` (YAML or JSON), then `--key value` for any key of that file to override it."""
+def parse_args(recipe_dir: str | Path, description: str, argv=None, hidden: dict | None = None) -> argparse.Namespace:
+    """The recipe's settings: RECIPE_DIR/config.yaml, then `--config FILE` (YAML/JSON, any subset of its keys),
+    then `--key value` flags (`--bf16` alone means true). `hidden`: extra flags for tests, not shown in --help."""
+    recipe_config = load_config_file(Path(recipe_dir) / "config.yaml")
     pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--config", required=True)
-    known, _ = pre.parse_known_args(argv)
-    defaults = load_config_file(known.config)
+    pre.add_argument("--config")
+    given = pre.parse_known_args(argv)[0].config
+    settings = dict(recipe_config)
+    if given:
+        settings.update(load_config_file(given))
+        unknown = sorted(set(settings) - set(recipe_config))
+        if unknown:
+            raise SystemExit(f"{given}: unknown setting(s) {unknown}; this recipe's settings are {sorted(recipe_config)}")
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--config", required=True, help="YAML/JSON file; each of its keys is also a flag")
-    for key, value in defaults.items():
-        parser.add_argument(f"--{key}", type=_flag_type(value), default=value, help=f"default: {value!r}")
-    return vars(parser.parse_args(argv))
+    parser.add_argument("--config", help="YAML/JSON file of settings (any of the keys below), applied before the flags")
+    for key, value in settings.items():
+        extra = {"nargs": "?", "const": True} if isinstance(recipe_config[key], bool) else {}
+        parser.add_argument(f"--{key}", type=_flag_type(recipe_config[key]), default=value, help=f"default: {value!r}",
+                            **extra)
+    for key, value in (hidden or {}).items():
+        parser.add_argument(f"--{key}", type=_flag_type(value), default=value, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
 
 
 # --------------------------------------------------------------------------------------------------
 # torchrun: process group, node facts, and a clear failure when another node goes away
 # --------------------------------------------------------------------------------------------------
-def init_distributed(timeout_s: float):
-    """Join the process group torchrun describes; return this rank's device.
+def init_distributed(ddp_timeout: float):
+    """Join the process group torchrun describes (unless the framework already did, as TRL's parser does through
+    accelerate); return this rank's device.
 
-    `timeout_s` bounds every collective: if a node dies, the survivors fail after at most this long
+    `ddp_timeout` (seconds) bounds every collective: if a node dies, the survivors fail after at most this long
     (gloo usually notices the closed connection at once; NCCL waits for the timeout).
     """
     import torch
@@ -97,9 +114,25 @@ def init_distributed(timeout_s: float):
     device = runtime.device()
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(runtime.backend(), timeout=datetime.timedelta(seconds=timeout_s),
-                            device_id=device if device.type == "cuda" else None)
+    if not dist.is_initialized():
+        dist.init_process_group(runtime.backend(), timeout=datetime.timedelta(seconds=ddp_timeout),
+                                device_id=device if device.type == "cuda" else None)
     return device
+
+
+@contextlib.contextmanager
+def torchrun_job(recipe: str, args):
+    """Everything a torchrun recipe does around its training, in order: join the process group, seed, stop clearly
+    if a node is lost, track the run in MLflow (rank 0); yields (this rank's device, mlflow or None); leaves the
+    process group at the end."""
+    import torch
+
+    device = init_distributed(args.ddp_timeout)
+    torch.manual_seed(args.seed)
+    with (stop_clearly_if_a_peer_is_lost(args.ddp_timeout),
+          mlflow_run(recipe, args.output_dir, args.mlflow_tracking_uri, vars(args)) as tracking):
+        yield device, tracking
+    shutdown()
 
 
 def shutdown() -> None:
@@ -137,7 +170,7 @@ def is_lost_peer_error(error: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def stop_clearly_if_a_peer_is_lost(timeout_s: float):
+def stop_clearly_if_a_peer_is_lost(ddp_timeout: float):
     """Turn a failed collective (a node died, the network broke) into one clear message and exit 1.
 
     Exits with os._exit: after a lost peer, process-group teardown and atexit handlers may block on the
@@ -150,7 +183,7 @@ def stop_clearly_if_a_peer_is_lost(timeout_s: float):
             raise
         text = f"{type(error).__name__}: {error}"
         print(f"\nLOST PEER: {where()} stopped: a collective with the other ranks failed or timed out "
-              f"(timeout {timeout_s:g} s). Another node probably died or became unreachable.\n"
+              f"(ddp_timeout {ddp_timeout:g} s). Another node probably died or became unreachable.\n"
               f"  cause: {text.strip()[:800]}\n"
               "  What to do: check the other nodes' logs, then start the same command on every node again; "
               "training resumes from the last checkpoint if the recipe saves them.", file=sys.stderr, flush=True)
@@ -171,13 +204,16 @@ def gather_rank_facts(**facts) -> list[dict]:
 # --------------------------------------------------------------------------------------------------
 # Data: alpaca-style rows -> (input_ids, labels) with the loss on the response only
 # --------------------------------------------------------------------------------------------------
-def load_rows(dataset: str, split: str = "train"):
-    """A hub dataset id (e.g. tatsu-lab/alpaca) or a local folder holding {split}.jsonl."""
+def load_rows(dataset_name: str, split: str = "train"):
+    """A hub dataset id (e.g. tatsu-lab/alpaca), a local folder holding {split}.jsonl, or one JSON/JSONL file."""
     from datasets import load_dataset
 
-    if Path(dataset).is_dir():
-        return load_dataset("json", data_files={split: str(Path(dataset) / f"{split}.jsonl")}, split=split)
-    return load_dataset(dataset, split=split)
+    path = Path(dataset_name).expanduser()
+    if path.is_dir():
+        return load_dataset("json", data_files={split: str(path / f"{split}.jsonl")}, split=split)
+    if path.is_file():
+        return load_dataset("json", data_files={split: str(path)}, split=split)
+    return load_dataset(dataset_name, split=split)
 
 
 def alpaca_prompt(row: dict) -> str:
@@ -199,37 +235,35 @@ def tokenize_prompt_response(tokenizer, prompt: str, response: str, max_length: 
 
 
 # --------------------------------------------------------------------------------------------------
-# FLOPs and MFU
+# FLOPs and MFU (the formula itself is nbhelpers.flops: the performance notebook uses it too)
 # --------------------------------------------------------------------------------------------------
-FLOP_FORMULA = ("flops/token = 6 * N + 12 * L * H * S  (N: parameters used in matmuls = all parameters minus an "
-                "untied input embedding; L layers; H = attention heads * head_dim; S sequence length; "
-                "forward + backward, no recompute counted; attention counted as the full S x S, as PaLM does)")
+def model_sizes(model, seq_len: int) -> dict:
+    """Parameters, matmul parameters and FLOPs per token at `seq_len` (count them before sharding)."""
+    return {"parameters": sum(p.numel() for p in model.parameters()), "matmul_parameters": matmul_parameters(model),
+            "flops_per_token": flops_per_token(model, seq_len)}
 
 
-def matmul_parameters(model) -> int:
-    """Parameters that take part in a matmul: every parameter, minus the input embedding unless it is
-    tied to the output layer (a lookup costs no FLOPs; the tied matrix is counted once, for the lm_head)."""
-    total = sum(p.numel() for p in model.parameters())
-    embedding = model.get_input_embeddings().weight
-    output = model.get_output_embeddings()
-    tied = output is not None and output.weight is embedding
-    return total if tied else total - embedding.numel()
+
+# --------------------------------------------------------------------------------------------------
+# MLflow: one tracking store per project (the runs folder), rank 0 only
+# --------------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def mlflow_run(experiment: str, output_dir: str | Path, tracking_uri: str | None, params: dict):
+    """On rank 0, an MLflow run named after OUTPUT_DIR in `experiment`, with `params` logged; yields the `mlflow`
+    module there and None on the other ranks. A local store keeps its artifacts beside it (runs/mlartifacts)."""
+    if runtime.get_rank() != 0:
+        yield None
+        return
+    import mlflow
+
+    mlflow_experiment(experiment, mlflow_tracking_uri(output_dir, tracking_uri or ""))
+    with mlflow.start_run(run_name=Path(output_dir).name, log_system_metrics=True):
+        mlflow.log_params({key: value for key, value in params.items() if key != "config"})
+        yield mlflow
 
 
-def flops_per_token(model, seq_len: int) -> float:
-    config = model.config
-    heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return 6 * matmul_parameters(model) + 12 * config.num_hidden_layers * heads * head_dim * seq_len
-
-
-def peak_flops(device, override: float | None = None) -> float | None:
-    """The bf16 dense peak of this GPU (FLOP/s), `override` if given, None on a CPU or an unknown GPU."""
-    import torch
-
-    if override:
-        return float(override)
-    if getattr(device, "type", "cpu") != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
+def log_causal_lm(tracking, model_dir: str | Path) -> None:
+    """Log a saved causal LM (config, weights, tokenizer) as an MLflow transformers model for text generation
+    (signature: text in, text out). `tracking`: what `mlflow_run` yielded; None does nothing."""
+    if tracking is not None:
+        tracking.transformers.log_model(transformers_model=str(model_dir), task="text-generation", name="model")

@@ -1,0 +1,558 @@
+"""The local engine of `@distributed`: the ranks are processes on this host, one per GPU (or CPU process).
+
+How it works. Ranks are forked from a server process that imported torch but never touched CUDA
+(`multiprocessing`'s forkserver), never from the notebook's process, so a launch works after CUDA was
+used in the notebook and a repeated launch costs a fork, not a Python start. The call travels by value
+(nbhelpers.launch_contract.pickle_call). Each rank gets the torchrun environment (MASTER_ADDR=127.0.0.1,
+a free MASTER_PORT; everything listens on loopback only), its own process group, and pipes for its
+stdout and stderr, which this process prints into the running cell, prefixed `[rank N]`. On the first
+failure every rank is stopped (SIGTERM, then SIGKILL, whole process groups; a second interrupt does not
+cut that short) and one `DistributedError` names the rank whose failure came first and carries its
+traceback. Ranks die with this process if it dies, and when a launch ends whatever still refers to it.
+With GPUs, a launch first leases its GPUs host-wide (nbhelpers.gpu_lease), so launches running at once
+(`distributed_async`) get disjoint GPUs; while it runs, nbhelpers.system_metrics samples its ranks.
+What runs inside a rank is nbhelpers._worker.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import multiprocessing
+import os
+import re
+from concurrent.futures import CancelledError
+from multiprocessing import forkserver
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from nbhelpers.gpu_lease import GpuLease, LeaseCancelled
+from nbhelpers.launch_contract import (DEFAULT_CPU_PROCESSES, DistributedError, PrefixedPrinter, RankResults, check_count,
+                                       failure_error, read_outcome, torchrun_environment)
+from nbhelpers.system_metrics import RankSampler
+
+CPU_RANKS_PER_CORE = 2  # without GPUs: more ranks than this per core only time-slice the cores
+TERMINATE_GRACE_S = 2.0  # between SIGTERM and SIGKILL
+BLAME_WINDOW_S = 0.5  # after a first failure: how long to listen for the failure that caused it
+CANCEL_POLL_S = 0.2  # how soon a cancelled launch in the background notices
+
+
+def run(name: str, payload: bytes, *, gpus: int | None, output: str, stall_timeout: float | None,
+        label: str | None = None, cancel=None, mlflow_run_id: str | None = None) -> RankResults:
+    """Run pickle_call's call once per rank on this host; the ranks' results in rank order.
+
+    With GPUs the launch first leases its GPUs host-wide (nbhelpers.gpu_lease: waiting while other
+    launches hold them) and its ranks see only those. label: the run's name, before each output line.
+    cancel: a threading.Event that stops the ranks (concurrent.futures.CancelledError). mlflow_run_id:
+    where the ranks' system metrics go.
+    """
+    ranks = world_size(gpus)
+    visible = _visible_gpus()
+    lease = GpuLease(visible, ranks, holder=label or name, cancel=cancel) if visible else contextlib.nullcontext([])
+    try:
+        with lease as leased:
+            return _LocalLaunch(name, payload, ranks, output, stall_timeout, leased, label, cancel, mlflow_run_id).run()
+    except LeaseCancelled as exc:
+        raise CancelledError(str(exc)) from None
+
+
+def check_gpu_type(gpu_type: str | None) -> None:
+    """gpu_type (serverless_gpu's "H100", "A10", ...) against the visible GPUs: an error naming both when
+    they differ; without GPUs one line saying it is ignored."""
+    if gpu_type is None:
+        return
+    visible = _visible_gpus()
+    if not visible:
+        print(f"@distributed: gpu_type={gpu_type!r} ignored: no GPU is visible here, so the ranks run as CPU "
+              "processes (gloo).", file=sys.stderr)
+        return
+    names = _gpu_names(visible)
+    wanted = set(re.findall(r"[a-z0-9]+", gpu_type.lower()))
+    if not all(wanted <= set(re.findall(r"[a-z0-9]+", n.lower())) for n in names):
+        here = ", ".join(f"{n} ({names.count(n)}x)" for n in dict.fromkeys(names))
+        raise ValueError(
+            f"gpu_type={gpu_type!r} but the GPUs visible here are {here}. Ask for the GPUs this machine has "
+            f"(e.g. gpu_type={names[0].split()[-1]!r}), or leave gpu_type out to take whatever is visible."
+        )
+
+
+def warm_up() -> None:
+    """Start the fork server now: it imports torch in the background while the notebook goes on."""
+    _fork_server_context()
+    forkserver.ensure_running()
+
+
+def world_size(gpus) -> int:
+    """How many ranks `gpus` means on this host; a count it cannot hold is refused here, with advice."""
+    visible = _visible_gpu_count()
+    if gpus is None:
+        return visible or DEFAULT_CPU_PROCESSES
+    check_count(gpus)
+    if visible and gpus > visible:
+        raise ValueError(
+            f"gpus={gpus} but only {visible} GPU(s) are visible to this process "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}). "
+            f"Ask for at most {visible}, or leave gpus unset to use every visible GPU."
+        )
+    cores = _usable_cores()
+    if not visible and gpus > CPU_RANKS_PER_CORE * cores:
+        raise ValueError(
+            f"gpus={gpus} but no GPU is visible, so every rank would be a CPU process, and this machine has "
+            f"{cores} CPU core(s): at most {CPU_RANKS_PER_CORE * cores} CPU ranks ({CPU_RANKS_PER_CORE} per core) "
+            f"are allowed. Ask for at most {CPU_RANKS_PER_CORE * cores}, or run where GPUs are visible."
+        )
+    return gpus
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # the cores this process may run on (taskset, cgroup cpusets)
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _visible_gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()  # asks NVML: does not initialise CUDA in this process
+
+
+def _visible_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (indices when it is unset)."""
+    count = _visible_gpu_count()
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is None:
+        return [str(i) for i in range(count)]
+    return [g.strip() for g in listed.split(",") if g.strip()][:count]
+
+
+def _gpu_names(gpus: list[str]) -> list[str]:
+    """The product names of these GPUs (indices or UUIDs), from nvidia-smi: no CUDA context in this process."""
+    query = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid,name", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=60, check=True).stdout
+    rows = [[field.strip() for field in line.split(",", 2)] for line in query.splitlines() if line.strip()]
+    return [next(name for index, uuid, name in rows if gpu in (index, uuid) or (not gpu.isdigit() and uuid.startswith(gpu)))
+            for gpu in gpus]
+
+
+# ---------------------------------------------------------------------------------------------------
+# The processes
+
+def _fork_server_context():
+    """The multiprocessing context whose server process preloads torch (and never touches CUDA)."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["nbhelpers._worker"])
+    return ctx
+
+
+_MAIN_MODULE_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _main_module_not_rerun():
+    """Start a rank without multiprocessing re-running the calling script in it.
+
+    multiprocessing re-imports a script's `__main__` in each child (the reason for its
+    `if __name__ == "__main__"` idiom), found through `__main__.__file__` or `__main__.__spec__`. The
+    function travels by value here, so a rank needs none of it: during the start both are hidden (the
+    module itself stays in place, so other threads still pickle its classes). The lock keeps launches
+    from several threads from restoring each other's hidden state. A notebook's `__main__` has neither.
+    """
+    with _MAIN_MODULE_LOCK:
+        main = sys.modules["__main__"]
+        hidden = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+        main.__dict__.pop("__file__", None)
+        if "__spec__" in hidden:
+            main.__spec__ = None
+        try:
+            yield
+        finally:
+            main.__dict__.update(hidden)
+
+
+def _loopback_interface() -> str:
+    import psutil
+
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == "127.0.0.1" for a in addresses):
+            return name
+    return "lo"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _loopback_environment() -> dict:
+    """Gloo and NCCL listen on the interface these name: the loopback one, since all ranks are on this host
+    (rank 0's rendezvous store is kept on loopback by _worker.loopback_rendezvous)."""
+    interface = _loopback_interface()
+    return {"GLOO_SOCKET_IFNAME": interface, "NCCL_SOCKET_IFNAME": interface}
+
+
+@contextlib.contextmanager
+def single_process_environment():
+    """For a plain call: the environment of rank 0 of 1, unless a launcher already set one."""
+    if "RANK" in os.environ:
+        yield
+        return
+    import torch.distributed as dist
+
+    was_initialized = dist.is_available() and dist.is_initialized()
+    from nbhelpers._worker import loopback_rendezvous
+
+    added = torchrun_environment(0, 1, _free_port(), run_id=f"local-{os.getpid()}")
+    added.pop("PYTHONUNBUFFERED")
+    added.pop("NBHELPERS_LAUNCH_ID")
+    added.update(_loopback_environment())
+    os.environ.update(added)
+    try:
+        with loopback_rendezvous():
+            yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
+        if not was_initialized and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _interrupts_ignored():
+    """While inside: SIGINT (the notebook's interrupt button, Ctrl-C) does nothing. Signal handlers
+    belong to the main thread; in another thread, interrupts do not arrive anyway."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        if previous is not None:  # None: a handler installed from C, which cannot be put back
+            signal.signal(signal.SIGINT, previous)
+
+
+_RANKS_RUNNING = [0]  # ranks of this process's launches running now, behind the lock
+_RANKS_RUNNING_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _ranks_running(count: int):
+    """Count a launch's ranks while it runs; yields the count of all running ones, this launch's included
+    (oversubscribed OpenMP threads spin each other to a crawl: 25x slower was seen)."""
+    with _RANKS_RUNNING_LOCK:
+        _RANKS_RUNNING[0] += count
+        running = _RANKS_RUNNING[0]
+    try:
+        yield running
+    finally:
+        with _RANKS_RUNNING_LOCK:
+            _RANKS_RUNNING[0] -= count
+
+
+class _RankProcess:
+    """The launcher's view of one rank: its process, its pipes and what it said."""
+
+    def __init__(self, rank, process, stdout, stderr, results, lifeline, stack_file):
+        self.rank = rank
+        self.process = process
+        self.stdout, self.stderr, self.results, self.lifeline = stdout, stderr, results, lifeline
+        self.stack_file = stack_file
+        self.outcome = None  # its launch_contract.Outcome
+        self.died = None  # it ended without a result: time.time() before which it was still alive
+        self.tail = collections.deque(maxlen=40)  # its last output lines, for error messages
+
+    @property
+    def failed(self) -> bool:
+        return self.died is not None or (self.outcome is not None and not self.outcome.ok)
+
+    @property
+    def settled(self) -> bool:
+        return self.died is not None or self.outcome is not None
+
+
+class _LocalLaunch:
+    def __init__(self, name, payload, world_size, output, stall_timeout, gpus, label, cancel, mlflow_run_id):
+        self.name = name
+        self.payload = payload
+        self.world_size = world_size
+        self.output = output
+        self.stall_timeout = stall_timeout
+        self.gpus = gpus  # the leased GPUs, one per rank; [] without GPUs
+        self.label, self.cancel, self.mlflow_run_id = label, cancel, mlflow_run_id
+        self.ranks: list[_RankProcess] = []
+        self.selector = selectors.DefaultSelector()
+        self.printers = {}
+
+    def run(self) -> RankResults:
+        ctx = _fork_server_context()
+        sampler = None
+        with tempfile.TemporaryDirectory(prefix="nbhelpers-") as tmp, _ranks_running(self.world_size) as running:
+            try:
+                # CPU threads per rank (OMP_NUM_THREADS, unless set): the cores shared by the ranks running now;
+                # one in the background, where more launches are to come (as torchrun gives several ranks)
+                threads = 1 if self.label else max(1, _usable_cores() // running)
+                self._start(ctx, tmp, threads)
+                sampler = RankSampler([r.process.pid for r in self.ranks], self.gpus or [None] * self.world_size,
+                                      self.mlflow_run_id)
+                sampler.start()
+                failure = self._supervise()
+                if failure is None:
+                    self._wait_for_exit()
+            finally:  # returned, failed or interrupted (the notebook's interrupt button): nothing stays
+                self._stop_all_despite_interrupts()
+                system_metrics = sampler.stop() if sampler is not None else None
+            self._drain(deadline=time.monotonic() + 1.0)
+            self.selector.close()
+        if failure is not None:
+            raise failure
+        return RankResults([r.outcome.value for r in self.ranks], system_metrics)
+
+    # -- start ----------------------------------------------------------------------------------
+    def _start(self, ctx, tmp, threads):
+        port = _free_port()
+        run_id = self.run_id = f"nbhelpers-{os.getpid()}-{port}-{time.time_ns()}"
+        from nbhelpers._worker import run_rank
+
+        for rank in range(self.world_size):
+            out_r, out_w = ctx.Pipe(duplex=False)
+            err_r, err_w = ctx.Pipe(duplex=False)
+            res_r, res_w = ctx.Pipe(duplex=False)
+            life_r, life_w = ctx.Pipe(duplex=False)
+            environ = dict(os.environ)
+            environ.setdefault("OMP_NUM_THREADS", str(threads))
+            environ.update(torchrun_environment(rank, self.world_size, port, run_id))
+            environ.update(_loopback_environment())
+            if self.gpus:
+                environ["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpus)  # the leased ones: cuda:LOCAL_RANK is its own
+            stack_file = os.path.join(tmp, f"rank{rank}.stack")
+            process = ctx.Process(
+                target=run_rank,
+                name=f"{self.name}-rank{rank}",
+                args=(rank, self.payload, environ, os.getcwd(), list(sys.path), int(environ["OMP_NUM_THREADS"]),
+                      out_w, err_w, res_w, life_r, stack_file),
+            )
+            r = _RankProcess(rank, process, out_r, err_r, res_r, life_w, stack_file)
+            self.ranks.append(r)  # before it starts: an interrupt from here on stops it
+            with _main_module_not_rerun():
+                process.start()
+            for child_end in (out_w, err_w, res_w, life_r):
+                child_end.close()
+            self.selector.register(out_r.fileno(), selectors.EVENT_READ, (r, "stdout"))
+            self.selector.register(err_r.fileno(), selectors.EVENT_READ, (r, "stderr"))
+            self.selector.register(res_r.fileno(), selectors.EVENT_READ, (r, "results"))
+            self.selector.register(process.sentinel, selectors.EVENT_READ, (r, "exit"))
+
+    # -- watch ----------------------------------------------------------------------------------
+    def _supervise(self):
+        """Print output until every rank has returned; a failure comes back as an error.
+
+        Once a rank has failed, listen a moment longer (BLAME_WINDOW_S) for the failure that caused it:
+        a rank killed in a collective makes its peers fail too ("Connection reset by peer"), and their
+        report may be read first. _blame decides by what happened first.
+        """
+        last_progress = time.monotonic()
+        settle_by = None  # set at the first failure
+        polled_at = time.time()  # every rank that has not ended was alive then
+        while True:
+            if settle_by is None and all(r.settled for r in self.ranks):
+                return None  # every rank returned (a failure would have set settle_by)
+            if settle_by is not None and (all(r.settled for r in self.ranks) or time.monotonic() >= settle_by):
+                return self._blame()
+            if self.cancel is not None and self.cancel.is_set():
+                return CancelledError(f"{self.label or self.name} was cancelled; its ranks were stopped")
+            if settle_by is not None:
+                timeout = settle_by - time.monotonic()
+            elif self.stall_timeout is not None:
+                timeout = max(0.0, last_progress + self.stall_timeout - time.monotonic())
+            else:
+                timeout = None
+            if self.cancel is not None:
+                timeout = CANCEL_POLL_S if timeout is None else min(timeout, CANCEL_POLL_S)
+            if not self.selector.select(timeout):
+                stalled = self.stall_timeout is not None and time.monotonic() >= last_progress + self.stall_timeout
+                if settle_by is None and stalled:
+                    return self._stalled()
+                continue
+            # Poll again right after a timestamp: what is not ready now was still alive at `polled_at`.
+            alive_before, polled_at = polled_at, time.time()
+            for key, _ in self.selector.select(0):
+                r, kind = key.data
+                if key.fd not in self.selector.get_map():
+                    continue  # read already, with its rank's exit in this batch
+                if kind in ("stdout", "stderr"):
+                    self._read_output(key.fd, r, kind)
+                elif kind == "results":
+                    self._read_outcome(r, alive_before)
+                elif kind == "exit":
+                    self.selector.unregister(key.fd)
+                    if r.results.fileno() in self.selector.get_map() and r.results.poll():  # its last words
+                        self._read_outcome(r, alive_before)
+                    if not r.settled:
+                        r.died = alive_before
+                last_progress = time.monotonic()
+                if r.failed and settle_by is None:
+                    settle_by = time.monotonic() + BLAME_WINDOW_S
+
+    def _read_outcome(self, r, alive_before):
+        fd = r.results.fileno()
+        try:
+            r.outcome = read_outcome(r.results.recv_bytes())
+        except (EOFError, OSError):  # it ended without a word: its exit says how
+            r.died = alive_before
+        self.selector.unregister(fd)
+
+    def _read_output(self, fd, r, stream):
+        data = os.read(fd, 65536)
+        if not data:
+            self.selector.unregister(fd)
+            self._printer(r, stream).finish()
+            return
+        self._printer(r, stream).feed(data)
+
+    def _printer(self, r, stream):
+        key = (r.rank, stream)
+        if key not in self.printers:
+            show = self.output == "all" or r.rank == 0
+            self.printers[key] = PrefixedPrinter(r.rank, stream, show, r.tail, run=self.label)
+        return self.printers[key]
+
+    # -- fail -----------------------------------------------------------------------------------
+    def _blame(self) -> DistributedError:
+        """The failure that happened first. A rank that died without a result (a signal, os._exit) is
+        dated by the last moment it was seen alive, and wins a tie: the peers' errors that follow a
+        death ("Connection reset by peer") come after it."""
+        failed = [r for r in self.ranks if r.failed]
+        first = min(failed, key=lambda r: (r.died, 0) if r.died is not None else (r.outcome.failed_at, 1))
+        return self._rank_failed(first, [r for r in failed if r is not first])
+
+    def _rank_failed(self, r, also_failed) -> DistributedError:
+        self._drain(deadline=time.monotonic() + 0.3, only=r)  # its last output, before we kill anyone
+        after = "".join(f"Rank {o.rank} failed after it: {self._summary(o)}\n" for o in also_failed)
+        if r.outcome is not None:
+            return failure_error(r.outcome, rank=r.rank, world_size=self.world_size, name=self.name, context=after)
+        r.process.join(2)  # the fork server reports the exit status
+        code = r.process.exitcode
+        tail = "".join(r.tail) or "(no output)\n"
+        if code is not None and code < 0:
+            name = signal.Signals(-code).name
+            hint = " (the kernel's out-of-memory killer sends SIGKILL: check host memory)" if name == "SIGKILL" else ""
+            return DistributedError(
+                f"rank {r.rank} of {self.world_size} was killed by signal {name}{hint}.\n{after}"
+                f"The other ranks were stopped. Last output of rank {r.rank}:\n{tail}",
+                rank=r.rank, exitcode=code, signal_name=name,
+            )
+        return DistributedError(
+            f"rank {r.rank} of {self.world_size} exited with code {code} without returning from "
+            f"{self.name}() (sys.exit or os._exit inside the function?).\n{after}The other ranks were stopped. "
+            f"Last output of rank {r.rank}:\n{tail}",
+            rank=r.rank, exitcode=code,
+        )
+
+    @staticmethod
+    def _summary(r) -> str:
+        if r.outcome is not None:
+            return r.outcome.summary.splitlines()[0][:300] if r.outcome.summary else "(no message)"
+        r.process.join(0.5)
+        code = r.process.exitcode
+        if code is not None and code < 0:
+            return f"killed by signal {signal.Signals(-code).name}"
+        return f"exited with code {code} without returning"
+
+    def _stalled(self) -> DistributedError:
+        for r in self.ranks:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(r.process.pid, signal.SIGUSR1)
+        time.sleep(1.0)  # faulthandler writes from a signal handler; give every rank the moment
+        stacks = []
+        for r in self.ranks:
+            with contextlib.suppress(OSError):
+                with open(r.stack_file) as f:
+                    stacks.append(f"--- rank {r.rank} ---\n{f.read().strip() or '(no stack: not responding)'}")
+        return DistributedError(
+            f"no rank of {self.name}() made progress (no output) for {self.stall_timeout} s; "
+            f"all {self.world_size} ranks were killed. Their Python stacks:\n" + "\n".join(stacks)
+        )
+
+    def _drain(self, deadline, only=None):
+        """Print what is still in the pipes (of one rank, or of all) until EOF or the deadline."""
+        while time.monotonic() < deadline:
+            keys = [k for k in self.selector.get_map().values()
+                    if k.data[1] in ("stdout", "stderr") and (only is None or k.data[0] is only)]
+            if not keys:
+                return
+            events = self.selector.select(max(0.0, deadline - time.monotonic()))
+            if not events:
+                return
+            for key, _ in events:
+                r, kind = key.data
+                if kind in ("stdout", "stderr") and (only is None or r is only):
+                    self._read_output(key.fd, r, kind)
+
+    # -- stop -----------------------------------------------------------------------------------
+    def _wait_for_exit(self):
+        deadline = time.monotonic() + 30
+        for r in self.ranks:
+            r.process.join(max(0.0, deadline - time.monotonic()))
+
+    def _stop_all_despite_interrupts(self):
+        """_stop_all, carried to its end even if the user interrupts again: a second KeyboardInterrupt
+        during the stop must not leave ranks running."""
+        while True:
+            try:
+                with _interrupts_ignored():
+                    self._stop_all()
+                return
+            except KeyboardInterrupt:
+                continue
+
+    def _stop_all(self):
+        """SIGTERM every rank's process group and every descendant, SIGKILL what remains; then close the
+        lifelines, whatever still refers to this launch (a traceback kept by the notebook)."""
+        import psutil
+
+        procs = {}
+        for r in self.ranks:
+            pid = r.process.pid
+            if pid is None:
+                continue
+            with contextlib.suppress(psutil.Error):
+                parent = psutil.Process(pid)
+                procs.update((p.pid, p) for p in [parent, *parent.children(recursive=True)])
+        # Processes whose rank already died (re-parented away) or that left the rank's session still
+        # carry the launch id in their environment.
+        for p in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                if p.pid not in procs and p.environ().get("NBHELPERS_LAUNCH_ID") == self.run_id:
+                    procs[p.pid] = p
+        procs = list(procs.values())
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for r in self.ranks:
+                if r.process.pid is not None:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(r.process.pid, sig)
+            for p in procs:
+                with contextlib.suppress(psutil.Error):
+                    p.send_signal(sig)
+            _, procs = psutil.wait_procs(procs, timeout=TERMINATE_GRACE_S if sig == signal.SIGTERM else 5)
+            if not procs:
+                break
+        for r in self.ranks:
+            r.lifeline.close()  # any rank we could not reach kills itself on this EOF
+        for r in self.ranks:
+            if r.process.pid is not None:
+                r.process.join(5)
+            for conn in (r.stdout, r.stderr, r.results):
+                with contextlib.suppress(OSError):
+                    fd = conn.fileno()
+                    if fd in self.selector.get_map():
+                        continue  # still drained after the stop
+                    conn.close()
+
+

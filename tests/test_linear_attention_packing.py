@@ -1,0 +1,136 @@
+"""Packing for Qwen3.5's Gated DeltaNet layers (recipes/fsdp2_qwen3_multinode/linear_attention.py), on CPU
+with the tiny stand-in: transformers alone leaks one sample into the next; with the recipe's kernels a packed
+batch gives every sample the loss and the gradients it gets alone."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+REPO = Path(__file__).resolve().parents[1]
+LENGTHS = (70, 130, 20)  # 70 and 130 span two and three chunks of 64 in the delta rule
+
+
+@pytest.fixture(scope="module")
+def linear_attention():
+    path = REPO / "recipes" / "fsdp2_qwen3_multinode" / "linear_attention.py"
+    spec = importlib.util.spec_from_file_location("recipe_linear_attention", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    yield module
+    module.uninstall()
+
+
+@pytest.fixture(scope="module")
+def model(standin):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(standin("qwen3.5-27b"), attn_implementation="sdpa").float()
+
+
+def samples(vocab_size):
+    generator = torch.Generator().manual_seed(0)
+    return [torch.randint(0, vocab_size, (n,), generator=generator) for n in LENGTHS]
+
+
+def packed_batch(parts, row_length):
+    """Two rows: the first two samples in row 0, the third in row 1, each row padded with a segment of its own."""
+    rows, positions = [], []
+    for row in (parts[:2], parts[2:]):
+        pad = row_length - sum(len(p) for p in row)
+        rows.append(torch.cat([*row, torch.zeros(pad, dtype=torch.long)]))
+        positions.append(torch.cat([torch.arange(len(p)) for p in row] + [torch.arange(pad)]))
+    return torch.stack(rows), torch.stack(positions)
+
+
+def per_sample_logits(logits, positions):
+    """Each sample's logits (not the padding segments) from a [rows, length] forward of packed_batch()."""
+    pieces = []
+    for row in range(logits.shape[0]):
+        starts = (positions[row] == 0).nonzero().flatten().tolist() + [logits.shape[1]]
+        pieces += [logits[row, a:b] for a, b in zip(starts, starts[1:])]
+    return pieces[:2] + pieces[3:4]  # row 0: sample, sample, padding; row 1: sample, padding
+
+
+def losses(logits, parts):
+    """Summed next-token loss of each sample."""
+    return [F.cross_entropy(x[:-1], p[1:], reduction="sum") for x, p in zip(logits, parts)]
+
+
+def forward_packed(model, linear_attention, parts):
+    ids, positions = packed_batch(parts, 220)
+    logits = model(input_ids=ids, position_ids=positions, use_cache=False,
+                   **linear_attention.packed_kwargs(positions)).logits
+    return per_sample_logits(logits, positions)
+
+
+def forward_alone(model, parts):
+    return [model(input_ids=p[None], use_cache=False).logits[0] for p in parts]
+
+
+def test_without_the_fix_transformers_leaks_state_into_the_next_packed_sample(model, linear_attention):
+    linear_attention.uninstall()
+    parts = samples(model.config.vocab_size)
+    with torch.no_grad():
+        packed, single = forward_packed(model, linear_attention, parts), forward_alone(model, parts)
+    torch.testing.assert_close(packed[0], single[0])  # the first sample of a row has nothing before it
+    assert (packed[1] - single[1]).abs().max() > 1e-2  # the second sees the first through conv and state
+
+
+def test_packed_samples_get_the_logits_loss_and_gradients_they_get_alone(model, linear_attention):
+    linear_attention.install(linear_attention.select_kernels(torch.device("cpu")))
+    parts = samples(model.config.vocab_size)
+    model.zero_grad()
+    packed_logits = forward_packed(model, linear_attention, parts)
+    packed = losses(packed_logits, parts)
+    torch.stack(packed).sum().backward()
+    packed_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    single_logits = forward_alone(model, parts)
+    single = losses(single_logits, parts)
+    torch.stack(single).sum().backward()
+    # fp32 on CPU, the same arithmetic per sample; only the matmul shapes differ (rounding, ~1e-7 relative)
+    for a, b in zip(packed_logits, single_logits):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert [x.item() for x in packed] == pytest.approx([x.item() for x in single], rel=1e-6)
+    for packed_grad, parameter in zip(packed_grads, model.parameters()):
+        torch.testing.assert_close(packed_grad, parameter.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_packed_samples_with_a_cache_are_refused_with_advice(model, linear_attention):
+    linear_attention.install(linear_attention.select_kernels(torch.device("cpu")))
+    ids, positions = packed_batch(samples(model.config.vocab_size), 220)
+    with torch.no_grad(), pytest.raises(ValueError, match="use_cache=False"):
+        model(input_ids=ids, position_ids=positions, use_cache=True, **linear_attention.packed_kwargs(positions))
+
+
+def test_varlen_conv_convolves_each_sample_as_if_alone(linear_attention):
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 40, 8, generator=generator).transpose(1, 2)  # [batch, channels, length], channel-last as in the layer
+    weight = torch.randn(8, 4, generator=generator)
+    cu = torch.tensor([0, 3, 25, 40, 52, 80], dtype=torch.int32)  # row 0: 3 + 22 + 15 tokens; row 1: 12 + 28
+    out = linear_attention.causal_conv1d(x, weight, None, "silu", cu_seq_lens_q=cu)
+    flat_x = x.transpose(0, 1).reshape(8, 80)
+    flat_out = out.transpose(0, 1).reshape(8, 80)
+    for a, b in zip(cu.tolist(), cu.tolist()[1:]):
+        expected = linear_attention.TORCH_CONV(flat_x[None, :, a:b], weight, None, activation="silu")[0]
+        torch.testing.assert_close(flat_out[:, a:b], expected)
+
+
+def test_packed_kwargs_mark_every_sample_of_every_row(linear_attention):
+    positions = torch.tensor([[0, 1, 2, 0, 1], [0, 1, 0, 1, 2]])
+    kwargs = linear_attention.packed_kwargs(positions)
+    assert kwargs["cu_seq_lens_q"].tolist() == [0, 3, 5, 7, 10] and kwargs["cu_seq_lens_q"].dtype == torch.int32
+    assert kwargs["max_length_q"] == kwargs["max_length_k"] == 3
+    # a row that continues a sample's positions still starts a new sample
+    assert linear_attention.packed_kwargs(torch.tensor([[0, 1], [2, 3]]))["cu_seq_lens_q"].tolist() == [0, 2, 4]
+
+
+def test_without_a_gpu_the_fallback_is_chosen_and_the_reason_said_in_one_line(linear_attention):
+    kernels = linear_attention.select_kernels(torch.device("cpu"))
+    assert kernels.delta_rule is None and kernels.conv is None
+    line = kernels.describe()
+    assert "\n" not in line and "PyTorch fallback" in line and "no GPU" in line

@@ -1,0 +1,84 @@
+"""The two Ray Train recipes, run as their READMEs say (`python recipes/<recipe>/train.py --num_workers 2`) on
+a 2-node Ray cluster on 127.0.0.1 with one CPU per node (tests/ray_cluster.py), so the two workers always land
+on two different nodes. Tiny sizes; the GPU figures are in benchmarks/results/ray/."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow_runs import assert_logged_text_generator, load_logged_model, tracked_runs
+from ray_cluster import start_loopback_cluster, stop_loopback_cluster
+
+from nbhelpers import checkpoints
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "data"))
+from make_image_folders import make_image_folders  # noqa: E402
+
+# Ray Train's preemption watcher (node-drain notices, irrelevant here) costs one more process per
+# worker group on a 2-core machine.
+RECIPE_TEST_SETTINGS = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """The module's cluster; the recipes join it as drivers with the environment it yields (RAY_ADDRESS, ...)."""
+    cluster, env = start_loopback_cluster(nodes=2, cpus_per_node=1)
+    try:
+        yield env
+    finally:
+        stop_loopback_cluster(cluster)
+
+
+def run_recipe(recipe: str, args: list, env: dict, output_dir: Path, timeout: int) -> dict:
+    proc = subprocess.run([sys.executable, str(REPO / "recipes" / recipe / "train.py"), *map(str, args),
+                           "--num_workers", "2", "--output_dir", str(output_dir)],
+                          env={**env, **RECIPE_TEST_SETTINGS}, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{recipe} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+    return json.loads((output_dir / "metrics.json").read_text())
+
+
+def test_ray_resnet50_resumes_from_its_last_checkpoint_after_a_worker_is_killed_and_its_loss_falls(ray_cluster, tmp_path):
+    images = make_image_folders(tmp_path / "images", train_per_class=16, val_per_class=4, size=32)
+    metrics = run_recipe("ray_resnet50", [
+        "--dataset_name", images, "--weights", "none", "--num_train_epochs", 3, "--per_device_train_batch_size", 16,
+        "--image_size", 32, "--dataloader_num_workers", 0, "--fail_once_at_epoch", 1,
+    ], ray_cluster, tmp_path / "out", timeout=600)
+    assert metrics["killed_worker"], "the test hook did not kill a worker"
+    epochs = metrics["epochs"]
+    assert [e["epoch"] for e in epochs] == [0, 1, 2], "an epoch ran twice or not at all: not resumed from the checkpoint"
+    # The first worker group trained epoch 0 and died in epoch 1; the second began at epoch 1, from
+    # the checkpoint of epoch 0 (a restart from scratch would report started_at_epoch 0 again).
+    assert [e["started_at_epoch"] for e in epochs] == [0, 1, 1]
+    assert metrics["worker_group_starts"] == [0, 1]
+    assert metrics["world_size"] == 2
+    assert metrics["final_loss"] < 0.95 * metrics["initial_loss"], metrics["losses"]
+    assert all(e["images_per_s"] > 0 and e["epoch_s"] > 0 for e in epochs)
+
+    # Ray's copies of the sealed checkpoints verify; save_total_limit 2 kept the last two epochs.
+    kept = sorted((tmp_path / "out" / "ray_results" / "ray_resnet50").glob("checkpoint_*/"))
+    assert [checkpoints.verify(folder)["epoch"] for folder in kept] == [1, 2]
+    [run] = tracked_runs(tmp_path, "ray_resnet50", {"learning_rate": "0.001", "num_workers": "2"}, "train_loss")
+    info, model = load_logged_model(tmp_path, run, "pytorch")
+    assert info.signature is not None
+    assert model(torch.randn(1, 3, 32, 32)).shape == (1, 10)
+
+
+def test_ray_qwen2_5_3b_full_fine_tune_lowers_the_loss_on_two_workers(ray_cluster, standin, tmp_path):
+    metrics = run_recipe("ray_qwen2_5_3b", [
+        "--model_name_or_path", standin("qwen2.5-3b"), "--dataset_name", REPO / "data" / "alpaca",
+        "--max_length", 128, "--max_steps", 30, "--learning_rate", 2e-3, "--logging_steps", 5,
+        "--timing_warmup_steps", 2,
+    ], ray_cluster, tmp_path / "out", timeout=600)
+    assert metrics["world_size"] == 2
+    assert [h["step"] for h in metrics["history"]] == [5, 10, 15, 20, 25, 30]
+    assert metrics["final_loss"] < 0.6 * metrics["initial_loss"], metrics["losses"]
+    assert metrics["tokens_per_s"] > 0
+    saved = Path(metrics["checkpoint"])
+    assert (saved / "config.json").exists() and (saved / "model.safetensors").exists()
+    assert checkpoints.verify(saved) == {"step": 30}  # Ray's copy of what rank 0 sealed
+
+    [run] = tracked_runs(tmp_path, "ray_qwen2_5_3b", {"learning_rate": "0.002", "max_length": "128"}, "loss")
+    assert_logged_text_generator(tmp_path, run)
