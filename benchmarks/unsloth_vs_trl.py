@@ -1,17 +1,18 @@
 """Unsloth vs plain TRL + PEFT: LoRA SFT tokens/s and peak memory per GPU, the same model, data, LoRA and batch.
 
-    torchrun --nproc-per-node 2 benchmarks/unsloth_vs_trl.py --engine unsloth --model DIR --out unsloth_2gpu.json
-    torchrun --nproc-per-node 2 benchmarks/unsloth_vs_trl.py --engine trl --model DIR --out trl_2gpu.json
+    torchrun --nproc-per-node 2 benchmarks/unsloth_vs_trl.py --engine unsloth --model_name_or_path DIR --out u.json
+    torchrun --nproc-per-node 2 benchmarks/unsloth_vs_trl.py --engine trl --model_name_or_path DIR --out t.json
 
 Both engines train the recipe of notebooks/unsloth/ddp_llama_3_2_3b.ipynb: LoRA r=16, alpha=16, dropout 0 on
 q/k/v/o/gate/up/down, bf16, 8-bit AdamW (GPU), lr 2e-4 linear, batch 2 x grad accum 4 per GPU, sequences of
 up to 2048 tokens, gradient checkpointing (Unsloth's offloaded "unsloth" mode vs Transformers' non-reentrant
 checkpointing), DDP through the Trainer. Plain TRL uses SDPA attention.
-The data are data/finetome conversations joined into multi-turn conversations of about `--seq-len` tokens,
+The data are data/finetome conversations joined into multi-turn conversations of about `--max_length` tokens,
 so every micro-batch is a full 2048-token batch (FineTome's own conversations are a few hundred tokens).
 The loss covers every token in both (masking prompts does not change the work done).
 The engines run in separate processes: importing Unsloth patches Transformers, PEFT and TRL for good.
 Without a GPU it runs on the CPU (fp32, torch AdamW, gloo) so that its logic can be tested with a tiny stand-in.
+The flags take the cookbook's names for its settings (README, "One name for each setting").
 """
 from __future__ import annotations
 
@@ -22,14 +23,15 @@ import sys
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--engine", choices=["unsloth", "trl"], required=True)
-    parser.add_argument("--model", required=True, help="model folder (e.g. the full-size llama-3.2-3b stand-in)")
-    parser.add_argument("--data", default="data/finetome/train.jsonl")
-    parser.add_argument("--seq-len", type=int, default=2048)
-    parser.add_argument("--batch-size", type=int, default=2, help="per GPU per micro-step")
-    parser.add_argument("--grad-accum", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=12, help="optimizer steps, warm-up included")
-    parser.add_argument("--warmup", type=int, default=3, help="first steps left out of the timing")
-    parser.add_argument("--lora-r", type=int, default=16)
+    parser.add_argument("--model_name_or_path", required=True,
+                        help="model folder (e.g. the full-size llama-3.2-3b stand-in)")
+    parser.add_argument("--dataset_name", default="data/finetome/train.jsonl", help="FineTome-style JSONL")
+    parser.add_argument("--max_length", type=int, default=2048, help="tokens per (joined) conversation")
+    parser.add_argument("--per_device_train_batch_size", type=int, default=2, help="per GPU per micro-step")
+    parser.add_argument("--gradient_accumulation_steps", type=int, default=4)
+    parser.add_argument("--max_steps", type=int, default=12, help="optimizer steps, warm-up included")
+    parser.add_argument("--timing_warmup_steps", type=int, default=3, help="first steps left out of the timing")
+    parser.add_argument("--lora_r", type=int, default=16)
     parser.add_argument("--out", required=True, help="result JSON (written by rank 0)")
     return parser.parse_args(argv)
 
@@ -107,23 +109,23 @@ def main():
         torch.cuda.set_device(local_rank)
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     started = time.perf_counter()
-    model, tokenizer, peft_config, checkpointing = load(args.engine, args.model, args.seq_len, args.lora_r,
-                                                        local_rank if ON_GPU else "cpu")
+    model, tokenizer, peft_config, checkpointing = load(args.engine, args.model_name_or_path, args.max_length,
+                                                        args.lora_r, local_rank if ON_GPU else "cpu")
     loaded = time.perf_counter() - started
-    count = args.steps * args.grad_accum * args.batch_size * world_size
-    dataset = Dataset.from_dict({"text": long_conversations(args.data, tokenizer, args.seq_len, count)})
+    count = args.max_steps * args.gradient_accumulation_steps * args.per_device_train_batch_size * world_size
+    dataset = Dataset.from_dict({"text": long_conversations(args.dataset_name, tokenizer, args.max_length, count)})
     config = SFTConfig(
         output_dir=f"/tmp/unsloth_vs_trl/{args.engine}-{world_size}",
-        per_device_train_batch_size=args.batch_size,
-        gradient_accumulation_steps=args.grad_accum,
-        max_steps=args.steps,
+        per_device_train_batch_size=args.per_device_train_batch_size,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        max_steps=args.max_steps,
         learning_rate=2e-4,
         lr_scheduler_type="linear",
         warmup_steps=1,
         optim="adamw_8bit" if ON_GPU else "adamw_torch",
         weight_decay=0.01,
         bf16=ON_GPU,
-        max_length=args.seq_len,
+        max_length=args.max_length,
         dataset_text_field="text",
         packing=False,
         ddp_find_unused_parameters=False,
@@ -138,8 +140,8 @@ def main():
     trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
                          peft_config=peft_config, callbacks=[timer])
     trainer.train()
-    first, timed_steps = timer.first_timed(args.warmup), timer.timed_steps(args.warmup)
-    tokens_per_s = timer.tokens_per_second(args.warmup)
+    first, timed_steps = timer.first_timed(args.timing_warmup_steps), timer.timed_steps(args.timing_warmup_steps)
+    tokens_per_s = timer.tokens_per_second(args.timing_warmup_steps)
     if ON_GPU:
         memory = torch.tensor([torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()], device="cuda")
     else:  # peak RSS of this process (Linux reports KiB)
@@ -160,9 +162,10 @@ def main():
             except metadata.PackageNotFoundError:
                 pass
         result = {
-            "engine": args.engine, "world_size": world_size, "model": args.model,
-            "seq_len": args.seq_len, "batch_size_per_gpu": args.batch_size, "grad_accum": args.grad_accum,
-            "lora_r": args.lora_r, "steps": args.steps, "timed_steps": timed_steps,
+            "engine": args.engine, "world_size": world_size, "model": args.model_name_or_path,
+            "seq_len": args.max_length, "batch_size_per_gpu": args.per_device_train_batch_size,
+            "grad_accum": args.gradient_accumulation_steps, "lora_r": args.lora_r, "steps": args.max_steps,
+            "timed_steps": timed_steps,
             "tokens_per_s": tokens_per_s, "tokens_per_s_per_gpu": tokens_per_s / world_size,
             "tokens_per_step": (timer.tokens[-1] - timer.tokens[first]) / timed_steps,
             "step_seconds": [b - a for a, b in zip(timer.times, timer.times[1:])],

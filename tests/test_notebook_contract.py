@@ -17,10 +17,7 @@ RECIPES = sorted(p.name for p in (REPO / "recipes").iterdir() if (p / "train.py"
 
 # Issue 17: the notebooks and recipes not yet converted to the conventions. Their convention test is expected
 # to fail (strict: once one passes, the test fails until its name is taken out of the set).
-NOT_YET_CONVERTED = {
-    "notebooks/axolotl/ddp_olmo3_7b.ipynb",
-    "notebooks/unsloth/ddp_llama_3_2_3b.ipynb",
-}
+NOT_YET_CONVERTED: set = set()
 NOT_YET_RENAMED_RECIPES: set = set()
 MAX_CELL_LINES = 40
 # Test machinery that belongs in tests/hooks or nbhelpers, never in a lesson.

@@ -1,0 +1,80 @@
+"""The Axolotl notebook's workflow beyond its smoke run (notebook_cases.py): a user's own Axolotl YAML drives a run,
+the notebook's parameters overriding its keys; a run killed after its first checkpoint resumes, on a rerun of the same
+command, to exactly the losses of the uninterrupted run; bad input stops the notebook before Axolotl starts.
+
+The YAML (tests/axolotl_user_config.yml) is the notebook's recipe with the smoke case's sizes written in, so the run
+it drives must reproduce the smoke run (the notebook_run fixture runs that once per session), and the killed and
+resumed run is that YAML-driven run. The kill is real: the `kill_rank_after_checkpoint` test hook SIGKILLs the
+training process once its first checkpoint is sealed (by the notebook's plugin nbhelpers.axolotl_plugins).
+"""
+import dataclasses
+import re
+
+import papermill
+import pytest
+import torch
+import yaml
+
+from harness import REPO, hook_records, run_notebook
+from nbhelpers import checkpoints
+from notebook_cases import CASES
+
+NOTEBOOK = "notebooks/axolotl/ddp_olmo3_7b.ipynb"
+SMOKE = next(c for c in CASES if c.notebook == NOTEBOOK)
+USER_CONFIG = REPO / "tests" / "axolotl_user_config.yml"
+# The YAML, with what a run on this machine must name (the stand-in, the local data) and max_steps over its 1000.
+FROM_USER_CONFIG = dataclasses.replace(SMOKE, parameters={
+    "config": str(USER_CONFIG), **{name: SMOKE.parameters[name] for name in (
+        "output_dir", "num_gpus", "model_name_or_path", "dataset_name", "max_steps", "timing_warmup_steps",
+        "max_new_tokens")}})
+
+pytestmark = pytest.mark.notebook
+
+
+@pytest.fixture(scope="module")
+def killed_then_resumed(tmp_path_factory, standin):
+    """The YAML-driven run, killed after its first checkpoint, then run again in the same folder: (workdir, metrics)."""
+    workdir = tmp_path_factory.mktemp("killed_then_resumed")
+    killed = dataclasses.replace(FROM_USER_CONFIG, hooks=("kill_rank_after_checkpoint=1",))
+    with pytest.raises(papermill.PapermillExecutionError, match="the command failed"):
+        run_notebook(killed, workdir, standin)
+    return workdir, run_notebook(FROM_USER_CONFIG, workdir, standin)[0]
+
+
+def test_users_yaml_drives_the_run_and_parameters_override_its_keys(killed_then_resumed):
+    config = killed_then_resumed[1]["config"]
+    user = yaml.safe_load(USER_CONFIG.read_text())
+    assert config["learning_rate"] == user["learning_rate"] == 0.01, "the YAML's value, not the recipe's 2e-4"
+    assert config["train_on_inputs"] is False, "a key only the YAML has"
+    assert config["max_steps"] == SMOKE.parameters["max_steps"] != user["max_steps"], "the parameter wins"
+    assert config["base_model"].endswith("olmo-3-7b"), "the stand-in named by the parameter, not the YAML's hub id"
+
+
+def test_killed_run_resumes_to_the_same_losses(killed_then_resumed, notebook_run):
+    workdir, resumed = killed_then_resumed
+    [kill] = hook_records(workdir, "kill_rank_after_checkpoint")
+    assert kill["path"].endswith("checkpoint-8"), kill
+    checkpoints.verify(kill["path"])  # sealed before the kill: the one to resume from
+    assert resumed["resumed_from"] == kill["path"]
+
+    uninterrupted = notebook_run(SMOKE)[0]
+    after_the_checkpoint = {step: loss for step, loss in zip(uninterrupted["loss_steps"], uninterrupted["losses"])
+                            if step > 8}
+    assert dict(zip(resumed["loss_steps"], resumed["losses"])) == after_the_checkpoint, (
+        "resuming must reproduce the uninterrupted run's losses exactly")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with GPUs, one process per GPU is what it runs")
+def test_more_than_one_process_without_gpus_is_refused_before_axolotl_starts(tmp_path):
+    case = dataclasses.replace(SMOKE, parameters={"output_dir": "{output_dir}", "num_gpus": 2}, timeout=120)
+    refused = "without GPUs Axolotl trains in one process"
+    with pytest.raises(papermill.PapermillExecutionError, match=refused) as failure:
+        run_notebook(case, tmp_path)
+    assert "read_parameters()" in failure.value.source, "the settings cell should stop it"
+
+
+def test_missing_config_file_is_named(tmp_path):
+    missing = tmp_path / "my_config.yml"
+    case = dataclasses.replace(SMOKE, parameters={"output_dir": "{output_dir}", "config": str(missing)}, timeout=120)
+    with pytest.raises(papermill.PapermillExecutionError, match=re.escape(f"no such file {missing}")):
+        run_notebook(case, tmp_path / "run")
