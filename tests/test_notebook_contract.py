@@ -15,10 +15,6 @@ NOTEBOOKS = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "notebooks").
                    if ".ipynb_checkpoints" not in p.parts)
 RECIPES = sorted(p.name for p in (REPO / "recipes").iterdir() if (p / "train.py").is_file())
 
-# Issue 17: the notebooks and recipes not yet converted to the conventions. Their convention test is expected
-# to fail (strict: once one passes, the test fails until its name is taken out of the set).
-NOT_YET_CONVERTED: set = set()
-NOT_YET_RENAMED_RECIPES: set = set()
 MAX_CELL_LINES = 40
 # Test machinery that belongs in tests/hooks or nbhelpers, never in a lesson.
 TEST_ONLY_NAMES = ("patch_for_cpu", "trl_cpu", "stop_after_step", "crash_while_saving_step", "CrashWhileWriting",
@@ -77,13 +73,6 @@ def test_unknown_parameter_is_an_error_not_a_silent_no_op(tmp_path):
         run_notebook(case, tmp_path)
 
 
-def _converted(paths, not_yet):
-    """Every path; those in `not_yet` as a strict xfail naming issue 17."""
-    mark = pytest.mark.xfail(strict=True, reason="issue 17: not converted to the conventions yet; once it is, "
-                             "take it out of NOT_YET_CONVERTED / NOT_YET_RENAMED_RECIPES")
-    return [pytest.param(p, marks=mark) if p in not_yet else p for p in paths]
-
-
 def vocabulary() -> set:
     """The names of the README table "One name for each setting"."""
     readme = (REPO / "README.md").read_text()
@@ -130,38 +119,31 @@ def recipe_flags(recipe) -> set:
     return flags
 
 
-@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p not in NOT_YET_CONVERTED])
+@pytest.mark.parametrize("path", NOTEBOOKS)
 def test_no_code_cell_is_over_40_lines(path):
     assert not long_cells(path), f"{path}: split these cells into steps: {long_cells(path)}"
 
 
-@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p not in NOT_YET_CONVERTED])
+@pytest.mark.parametrize("path", NOTEBOOKS)
 def test_no_test_only_name_appears_in_a_notebook(path):
     found = names_only_for_tests(path)
     assert not found, (f"{path} holds test machinery {found}: CPU fixes apply themselves (nbhelpers), "
                        "crash and recording hooks live in tests/hooks")
 
 
-@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p not in NOT_YET_CONVERTED])
+@pytest.mark.parametrize("path", NOTEBOOKS)
 def test_every_parameter_name_is_in_the_readme_vocabulary(path):
     assert not names_outside_the_vocabulary(path), (
         f"{path}: parameters {names_outside_the_vocabulary(path)} are not in the README table "
         "'One name for each setting': use its name, or add the new one there")
 
 
-@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p not in NOT_YET_CONVERTED])
+@pytest.mark.parametrize("path", NOTEBOOKS)
 def test_parameters_are_read_with_read_parameters_before_any_launch(path):
     assert not parameters_not_read_first(path), f"{path}: {parameters_not_read_first(path)}"
 
 
-@pytest.mark.parametrize("path", _converted(sorted(NOT_YET_CONVERTED), NOT_YET_CONVERTED))
-def test_not_yet_converted_notebook_follows_the_conventions(path):
-    problems = (long_cells(path) + names_only_for_tests(path) + names_outside_the_vocabulary(path)
-                + parameters_not_read_first(path))
-    assert not problems, f"{path}: {problems}"
-
-
-@pytest.mark.parametrize("recipe", _converted(RECIPES, NOT_YET_RENAMED_RECIPES))
+@pytest.mark.parametrize("recipe", RECIPES)
 def test_every_recipe_flag_is_in_the_readme_vocabulary(recipe):
     unknown = sorted(recipe_flags(recipe) - vocabulary())
     assert not unknown, f"recipes/{recipe}: flags {unknown} are not in the README table 'One name for each setting'"

@@ -22,7 +22,7 @@ import importlib.util, sys
 need = ("papermill", "ipykernel", "pandas", "mlflow", "lightning", "torchmetrics", "matplotlib", "cloudpickle", "psutil")
 missing = [name for name in need if importlib.util.find_spec(name) is None]
 if missing:
-    sys.exit(f"lightning.sh: not importable here: {missing}. Carry them (shared/device/pack-site.sh notebook, "
+    sys.exit(f"lightning.sh: not importable here: {missing}. Carry them (benchmarks/gpu/pack-site.sh notebook, "
              "benchmarks/gpu/pack-extra.sh) and put them on PYTHONPATH.")
 PY
 

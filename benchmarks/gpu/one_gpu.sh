@@ -44,7 +44,7 @@ import importlib.util, sys
 def missing(names):
     return [name for name in names if importlib.util.find_spec(name) is None]
 if missing(needed := ("torch", "mlflow", "sqlalchemy", "alembic", "matplotlib", "papermill", "ipykernel")):
-    sys.exit(f"one_gpu.sh: not importable here: {missing(needed)}. Carry them (shared/device/pack-site.sh notebook, "
+    sys.exit(f"one_gpu.sh: not importable here: {missing(needed)}. Carry them (benchmarks/gpu/pack-site.sh notebook, "
              "benchmarks/gpu/pack-extra.sh) and put them on PYTHONPATH.")
 if missing(wanted := ("torchvision", "pycocotools", "lightning", "torchmetrics", "pandas", "transformers")):
     print(f"one_gpu.sh: not importable here: {missing(wanted)}; the notebooks that need them will fail, the rest run")

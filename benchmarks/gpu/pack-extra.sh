@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Pack Python packages the GPU machine lacks beyond ../shared/device/pack-site.sh's profiles
+# Pack Python packages the GPU machine lacks beyond benchmarks/gpu/pack-site.sh's profiles
 # (today: MLflow's client, its SQLite store, nvidia-ml-py, which MLflow's GPU system metrics read, and pycocotools,
 # which the RetinaNet notebook scores with) into
 # .devsite/extra.tar.gz, skipping what the machine's image already has.

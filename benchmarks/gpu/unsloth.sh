@@ -7,7 +7,7 @@
 #            (benchmarks/unsloth_vs_trl.py): tokens/s and peak memory, one run at a time on 1 GPU; on a machine with
 #            2 GPUs also DDP on 2 (the 2026-11-30 run had the two 1-GPU runs side by side, one per GPU, which made
 #            the 1 -> 2 GPU scaling read 2.11x: a 1-GPU figure must not share the host with another run).
-# Needs the `notebook`, `trl` and `unsloth` profiles of shared/device/pack-site.sh and MLflow's client
+# Needs the `notebook`, `trl` and `unsloth` profiles of benchmarks/gpu/pack-site.sh and MLflow's client
 # (benchmarks/gpu/pack-extra.sh) carried in .devsite/.
 # Knobs: STEPS (optimizer steps, warm-up included), WARMUP (untimed first steps), STAGES, SIZE (full; tiny for a
 # dry run on a CPU).
