@@ -329,7 +329,7 @@ def main(argv=None) -> None:
         attempt(runs, "synthetic_eager", lambda: timed_training(model, optimizer, repeat(synthetic), device, warmup, steps, bf16))
         attempt(runs, "device_eager", lambda: trained_by(device_loader))
         attempt(runs, "dataloader_eager", lambda: trained_by(  # its worker processes end with the loader
-            DataLoaderBatches(root / "train", loader_workers=args.dataloader_num_workers, **common), also_alone=True))
+            DataLoaderBatches(root / "train", dataloader_num_workers=args.dataloader_num_workers, **common), also_alone=True))
         if args.torch_compile:
             model.compile()  # in place, as the recipe's --torch_compile
             started = time.perf_counter()

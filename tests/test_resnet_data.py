@@ -2,6 +2,7 @@
 with nvJPEG on GPUs decodes with libjpeg-turbo here. Tiny folders, made in each test; about 3 s in all."""
 from __future__ import annotations
 
+import json
 import re
 import sys
 import threading
@@ -174,3 +175,19 @@ def test_the_dataloader_pipeline_gives_batches_of_the_same_form(tmp_path):
     images, labels = next(iter(DataLoaderBatches(root, batch_size=8, image_size=24, device="cpu", train=True,
                                                  dataloader_num_workers=0)))
     assert images.shape == (8, 3, 24, 24) and images.dtype == torch.float32 and labels.dtype == torch.int64
+
+
+def test_the_benchmark_measures_every_path_without_an_error_on_a_cpu(tmp_path):
+    """benchmarks/resnet_data.py records a failed phase and goes on, so only this test sees a phase that breaks
+    (on 2026-12-01 the old DataLoader path failed on the GPU on a renamed argument)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import resnet_data
+
+    resnet_data.main(["--output_dir", str(tmp_path), "--train_images", "24", "--val_images", "6", "--max_side", "48",
+                      "--per_device_train_batch_size", "4", "--image_size", "32", "--timed_steps", "1",
+                      "--timing_warmup_steps", "1", "--dataloader_num_workers", "1", "--read_threads", "1",
+                      "--no-torch_compile"])
+    results = json.loads((tmp_path / "resnet_data.json").read_text())
+    failed = {name: run["error"] for name, run in results["runs"].items() if isinstance(run, dict) and "error" in run}
+    assert not failed, failed
+    assert {"synthetic_eager", "device_eager", "dataloader_eager"} <= set(results["runs"])

@@ -22,7 +22,7 @@ def load(results: Path, run: str) -> dict | None:
 def planned_gib(results: Path, name: str) -> float | None:
     """The planner's total for one GPU without DDP (the notebook's one-GPU run), from its printed table."""
     path = results / name
-    found = path.exists() and re.search(r"^1 GPU, no DDP\s.*?([\d.]+)\s+(?:yes|no)\b", path.read_text(), re.MULTILINE)
+    found = path.exists() and re.search(r"^1 GPU, no DDP\s.*?([\d.]+)\s+[\d.]+\s+(?:yes|no)\b", path.read_text(), re.MULTILINE)
     return float(found.group(1)) if found else None
 
 
