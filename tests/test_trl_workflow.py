@@ -44,10 +44,12 @@ def run_killed_then_resumed(case: NotebookCase, workdir, standin, **after):
     return left, resumed
 
 
-@pytest.mark.parametrize("notebook", ["ddp_gpt_oss_20b", "deepspeed_llama_3_2_1b"])
+@pytest.mark.parametrize("notebook", ["ddp_gpt_oss_20b", "deepspeed_llama_3_2_1b", "fsdp_gpt_oss_120b"])
 def test_killed_run_resumes_to_the_uninterrupted_runs_losses(notebook, notebook_run, standin, tmp_path):
     case = smoke_case(notebook)
     uninterrupted, _, _ = notebook_run(case)
+    if case.parameters["save_steps"] != 10:  # the FSDP smoke run saves once, at the end: the same run saving every 10
+        case = NotebookCase(case.notebook, {**case.parameters, "save_steps": 10}, timeout=case.timeout)
     cheaper = {"max_new_tokens": 0, "merge_adapter": False} if notebook.startswith("ddp") else {"max_new_tokens": 0}
     left, resumed = run_killed_then_resumed(case, tmp_path, standin, **cheaper)
     assert left == ["checkpoint-10"], "the run should have died right after its first checkpoint"
