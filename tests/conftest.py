@@ -15,7 +15,30 @@ for key, value in {
 }.items():
     os.environ.setdefault(key, value)
 
+from pathlib import Path  # noqa: E402
+
 import pytest  # noqa: E402
+
+# Files whose tests share a group: they reuse the runs of one notebook's cases in test_notebooks.py (notebook_run).
+GROUP_OF_FILE = {
+    "test_trl_workflow.py": "trl", "test_unsloth_notebook.py": "ddp_llama_3_2_3b",
+    "test_axolotl_notebook.py": "ddp_olmo3_7b", "test_retinanet_notebook.py": "ddp_retinanet",
+    "test_lightning_notebook.py": "ddp_two_tower", "test_fsdp2_checkpoints.py": "fsdp2_transformer",
+    "test_ray_recipes.py": "ray", "test_ray.py": "ray",  # one Ray test cluster on the machine at a time
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`make test`: -n 2 --dist loadgroup) each group runs on one worker: a file's tests
+    together (its module fixtures are built once), one notebook's cases with the tests that reuse their runs, and the
+    Ray tests (one cluster at a time)."""
+    for item in items:
+        file = item.path.name
+        group = GROUP_OF_FILE.get(file, file)
+        if file == "test_notebooks.py" and hasattr(item, "callspec"):
+            notebook = item.callspec.params["case"].notebook
+            group = "trl" if "/trl/" in notebook else Path(notebook).stem
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")
