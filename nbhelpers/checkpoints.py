@@ -248,7 +248,11 @@ def trainer_callback():
                 self.resumed_from = None
 
         def on_save(self, args, state, control, **kwargs):
-            folder = seal(Path(args.output_dir) / f"checkpoint-{state.global_step}", {"global_step": state.global_step})
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if (dist := _dist(False)) is not None:
+                dist.barrier()  # what other callbacks write from one rank (an adapter file) is in place
+            _refuse_a_checkpoint_without_weights(folder)
+            folder = seal(folder, {"global_step": state.global_step})
             if self.keep:
                 _on_rank0(_dist(False), lambda: rotate(folder.parent, self.keep, "checkpoint-*",
                                                        keep_also=[state.best_model_checkpoint], verified=folder))
@@ -259,6 +263,26 @@ def trainer_callback():
 # --------------------------------------------------------------------------------------------------
 # Internals
 # --------------------------------------------------------------------------------------------------
+def _refuse_a_checkpoint_without_weights(folder: Path) -> None:
+    """An FSDP checkpoint of a PEFT model can hold no weights at all: accelerate (1.15) saves its sharded state by
+    asking PEFT for the adapter of the sharded model and writes the empty answer. Sealing it would let a resumed run
+    put the optimizer of step N onto the initial adapter, silently; stop the run at its first save instead."""
+    sharded = sorted(folder.glob("pytorch_model_fsdp_*/.metadata"))
+    has_weights = any(folder.glob("*.safetensors")) or any(folder.glob("*model*.bin"))  # not training_args.bin
+    if not sharded or has_weights:
+        return
+    from torch.distributed.checkpoint import FileSystemReader
+
+    empty = [m.parent.name for m in sharded if not FileSystemReader(str(m.parent)).read_metadata().state_dict_metadata]
+    if empty:
+        raise CheckpointError(
+            f"{folder}: {', '.join(empty)} holds no tensors (FSDP's sharded checkpoint of a PEFT model), and no other "
+            "file of the checkpoint holds weights: resuming from it would restart the adapter from its first values. "
+            "Write the adapter into each checkpoint before it is sealed (a TrainerCallback whose on_save gathers it "
+            "with get_model_state_dict(..., full_state_dict=True, ignore_frozen_params=True), as "
+            "notebooks/trl/fsdp_gpt_oss_120b.ipynb does), and load it back before trainer.train(resume_from_checkpoint=...).")
+
+
 def _dist(no_dist: bool):
     """torch.distributed if a process group is up (without importing torch when nothing did)."""
     dist = None if no_dist else sys.modules.get("torch.distributed")

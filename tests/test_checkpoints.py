@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -282,3 +283,25 @@ def test_a_trainer_resumed_from_a_checkpoint_with_nan_weights_stops_at_its_first
     resumed = tiny_trainer(tmp_path / "out", max_steps=4)
     with pytest.raises(CheckpointError, match=rf"first loss after resuming from {checkpoint} is nan"):
         resumed.train(resume_from_checkpoint=str(checkpoints.newest_verified(tmp_path / "out", "checkpoint-*")))
+
+
+def test_an_fsdp_checkpoint_that_holds_no_weights_is_refused_before_it_is_sealed(tmp_path):
+    """accelerate 1.15 writes an FSDP2 PEFT model's sharded checkpoint with no tensors in it; sealing it would let a
+    resume restart the adapter from its first values under the optimizer of step N (it did, silently)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "out" / "checkpoint-10"
+    dcp.save({}, checkpoint_id=folder / "pytorch_model_fsdp_0")  # what the Trainer wrote for the adapter
+    dcp.save({"state": {"w": torch.ones(2)}}, checkpoint_id=folder / "optimizer_0")
+    (folder / "training_args.bin").write_bytes(b"settings, not weights")
+    callback = checkpoints.trainer_callback()
+    args, state = SimpleNamespace(output_dir=str(tmp_path / "out")), SimpleNamespace(global_step=10)
+    with pytest.raises(CheckpointError, match="pytorch_model_fsdp_0 holds no tensors.*adapter"):
+        callback.on_save(args, state, None)
+    assert not (folder / "checkpoint_manifest.json").exists(), "never sealed"
+
+    save_file({"lora_A.weight": torch.ones(2, 2)}, folder / "adapter_model.safetensors")  # the notebook's fix
+    callback.on_save(args, state, None)
+    assert checkpoints.verify(folder) == {"global_step": 10}
