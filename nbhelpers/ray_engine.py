@@ -54,7 +54,7 @@ from nbhelpers.launch_contract import (DEFAULT_CPU_PROCESSES, DistributedError, 
 PLACEMENT_TIMEOUT_S = 120.0  # to reserve every rank's bundle before giving up
 START_TIMEOUT_S = 120.0  # then to start the rank actors (a Python process each) and hear from them
 OUTPUT_POLL_S = 0.5
-STACK_WAIT_S = 3.0
+STACK_WAIT_S = 15.0  # for the ranks' stacks after a stall: 3 s missed both on a busy 2-core machine
 CLEANUP_WAIT_S = 5.0
 
 
