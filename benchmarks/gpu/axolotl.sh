@@ -16,9 +16,6 @@ steps=${STEPS:-8}; warmup=${WARMUP:-2}; size=${SIZE:-full}
 # The packed stack: carried in .devsite/axolotl/, or unpacked into /tmp/site-axolotl by an earlier call on the machine
 if [ -f .devsite/axolotl/site.tar.gz ]; then
   mkdir -p /tmp/site-axolotl && tar xzf .devsite/axolotl/site.tar.gz -C /tmp/site-axolotl
-  # a pack made before that pin holds importlib_metadata 10.x, which needs a `lazy_importer` it lacks: drop it, so
-  # the 9.1.0 of the other packs (.devsite/extra.tar.gz, already in /tmp/site) is used, as in the 2026-12-01 run
-  rm -rf /tmp/site-axolotl/importlib_metadata /tmp/site-axolotl/importlib_metadata-*
 elif [ ! -d /tmp/site-axolotl/axolotl ] && [ "$size" = full ]; then
   echo "axolotl: .devsite/axolotl/site.tar.gz missing: run benchmarks/gpu/pack-axolotl.sh first"; exit 2
 fi
