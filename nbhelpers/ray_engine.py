@@ -26,8 +26,9 @@ The contract is the local engine's (nbhelpers.launch_contract), carried out by R
   the rank with its traceback (or Ray's account of the death). Afterwards, failed or not, every rank
   actor and the queue are killed, the placement group is removed, and processes the ranks started are
   killed on every node (found by the launch id in their environment). Nothing is left.
-- Every wait on the cluster has an end: starting the actors START_TIMEOUT_S, the ranks' output (and
-  so the function) `stall_timeout`.
+- Every wait on the cluster has an end: starting the actors and the function on every rank
+  START_TIMEOUT_S (on a busy cluster that alone can take longer than a short `stall_timeout`), then
+  the ranks' output (and so the function) `stall_timeout`.
 
 Ranks import nbhelpers, torch and what the function imports: these must be installed on every node
 (or shipped with `ray.init(runtime_env={"py_modules": [...]})`).
@@ -54,7 +55,7 @@ from nbhelpers.launch_contract import (DEFAULT_CPU_PROCESSES, DistributedError, 
 PLACEMENT_TIMEOUT_S = 120.0  # to reserve every rank's bundle before giving up
 START_TIMEOUT_S = 120.0  # then to start the rank actors (a Python process each) and hear from them
 OUTPUT_POLL_S = 0.5
-STACK_WAIT_S = 15.0  # for the ranks' stacks after a stall: 3 s missed both on a busy 2-core machine
+STACK_WAIT_S = 15.0  # for fresh stacks after a stall; a rank that answers later is shown by its last snapshot
 CLEANUP_WAIT_S = 5.0
 
 
@@ -161,6 +162,7 @@ class _RankActor:
 
     def __init__(self, outbox):
         self.outbox = outbox
+        self.last_output = time.monotonic()  # the forwarders' clock of this rank's last output
 
     def where(self) -> dict:
         import ray
@@ -173,13 +175,19 @@ class _RankActor:
             s.bind(("", 0))  # every interface: the other nodes connect to this node's address
             return s.getsockname()[1]
 
-    def run(self, rank: int, payload: bytes, environ: dict, cwd: str, sys_path: list) -> bytes:
+    def run(self, rank: int, payload: bytes, environ: dict, cwd: str, sys_path: list,
+            stall_timeout: float | None) -> bytes:
         """Run the call; its launch_contract.Outcome as bytes."""
+        self.outbox.put.remote(rank, "started", b"")  # the notebook's stall clock starts when all have
         os.environ.update(environ)
         if os.path.isdir(cwd):
             os.chdir(cwd)
         sys.path.extend(p for p in sys_path if p not in sys.path and os.path.exists(p))
-        threading.Thread(target=self._obey, args=(rank, environ["NBHELPERS_LAUNCH_ID"]), daemon=True).start()
+        threading.Thread(target=self._obey, args=(rank, environ["NBHELPERS_LAUNCH_ID"]), daemon=True,
+                         name="nbhelpers-control").start()
+        if stall_timeout is not None:
+            threading.Thread(target=self._snapshot_while_silent, args=(rank, stall_timeout / 3), daemon=True,
+                             name="nbhelpers-snapshots").start()
         with self._output_to_outbox(rank):
             _, message = run_call(rank, payload)
         return message
@@ -197,7 +205,7 @@ class _RankActor:
             saved[fd] = os.dup(fd)
             os.dup2(write_end, fd)
             os.close(write_end)
-            forwarder = _Forwarder(self.outbox, rank, stream, read_end)
+            forwarder = _Forwarder(self, rank, stream, read_end)
             forwarder.start()
             forwarders.append(forwarder)
         try:
@@ -224,22 +232,39 @@ class _RankActor:
             for index in itertools.count():
                 command = ray.get(self.outbox.next_command.remote(index))
                 if command == "stacks":
-                    frames = sys._current_frames()
-                    text = "".join(f"Thread {t.name}:\n" + "".join(traceback.format_stack(frames[t.ident]))
-                                   for t in threading.enumerate() if t.ident in frames and t is not threading.current_thread())
-                    ray.get(self.outbox.put.remote(rank, "stack", text.encode()))
+                    ray.get(self.outbox.put.remote(rank, "stack", _python_stacks()))
                 elif command == "clean up":  # what the function started, on this node; the notebook kills us
                     killed = _kill_launch_processes(launch_id, spare=os.getpid())
                     ray.get(self.outbox.put.remote(rank, "cleaned", str(killed).encode()))
                     return
 
+    def _snapshot_while_silent(self, rank: int, every: float):
+        """While this rank prints nothing, send its stacks every `every` s: on a loaded machine a stall's
+        request for stacks can go unanswered for longer than the notebook waits (seen on a 2-core CI
+        machine), and the last snapshot then still shows where the rank was."""
+        with contextlib.suppress(Exception):  # the outbox is killed at the end of the launch
+            while True:
+                time.sleep(every)
+                if time.monotonic() - self.last_output >= every:
+                    self.outbox.put.remote(rank, "snapshot", _python_stacks())
+
+
+def _python_stacks() -> bytes:
+    """The Python stack of every thread in this process but nbhelpers' own (the function runs in the main
+    thread)."""
+    frames = sys._current_frames()
+    return "".join(f"Thread {t.name}:\n" + "".join(traceback.format_stack(frames[t.ident]))
+                   for t in threading.enumerate() if t.ident in frames and not t.name.startswith("nbhelpers-")
+                   ).encode()
+
 
 class _Forwarder(threading.Thread):
     """Reads one pipe and puts what comes into the outbox, a chunk per 50 ms at most."""
 
-    def __init__(self, outbox, rank, stream, fd):
+    def __init__(self, rank_actor, rank, stream, fd):
         super().__init__(daemon=True, name=f"nbhelpers-{stream}")
-        self.outbox, self.rank, self.stream, self.fd = outbox, rank, stream, fd
+        self.rank_actor, self.outbox = rank_actor, rank_actor.outbox
+        self.rank, self.stream, self.fd = rank, stream, fd
         self.last_put = None
 
     def run(self):
@@ -253,6 +278,7 @@ class _Forwarder(threading.Thread):
                 if not more:
                     break
                 data += more
+            self.rank_actor.last_output = time.monotonic()
             self.last_put = self.outbox.put.remote(self.rank, self.stream, data)
         os.close(self.fd)
 
@@ -308,11 +334,12 @@ class _RayLaunch:
         self.output, self.stall_timeout, self.label, self.cancel = output, stall_timeout, label, cancel
         self.run_id = f"nbhelpers-ray-{os.getpid()}-{time.time_ns()}"
         self.pg = self.outbox = self.take = None
-        self.dead_ranks = set()
+        self.dead_ranks, self.started = set(), set()
         self.actors = []  # in bundle order
         self.by_rank = []  # actors in rank order
         self.places = []  # where() of each rank, in rank order
         self.printers, self.tails = {}, collections.defaultdict(lambda: collections.deque(maxlen=40))
+        self.snapshots = {}  # rank -> (when it arrived, its stacks) sent by a silent rank
 
     def run(self) -> list:
         try:
@@ -364,7 +391,7 @@ class _RayLaunch:
         for rank, (actor, (_, placement)) in enumerate(zip(self.by_rank, layout)):
             environ = torchrun_environment(rank, self.world_size, master_port, self.run_id)
             environ.update(placement)
-            ref = actor.run.remote(rank, payload, environ, os.getcwd(), list(sys.path))
+            ref = actor.run.remote(rank, payload, environ, os.getcwd(), list(sys.path), self.stall_timeout)
             self.refs[ref] = rank
 
     def _get(self, refs, doing: str, timeout: float | None):
@@ -388,12 +415,14 @@ class _RayLaunch:
         outcomes = {}
         pending = dict(self.refs)
         self.take = self.outbox.take.remote(OUTPUT_POLL_S)
-        last_progress = time.monotonic()
+        launched = last_progress = time.monotonic()
         while pending:
             if self.cancel is not None and self.cancel.is_set():  # the take answers twice a second: noticed then
                 return outcomes, CancelledError(f"{self.label or self.name} was cancelled; its ranks were stopped")
             timeout = None
-            if self.stall_timeout is not None:
+            if self.stall_timeout is not None and len(self.started) < self.world_size:
+                timeout = max(0.0, launched + max(START_TIMEOUT_S, self.stall_timeout) - time.monotonic())
+            elif self.stall_timeout is not None:
                 timeout = max(0.0, last_progress + self.stall_timeout - time.monotonic())
             ready, _ = ray.wait([self.take, *pending], num_returns=1, timeout=timeout)
             if not ready:
@@ -425,7 +454,7 @@ class _RayLaunch:
         items = self._get(self.take, "taking the ranks' output from the outbox actor", self.stall_timeout)
         self.take = self.outbox.take.remote(next_wait)
         self._print(items)
-        return bool(items)
+        return any(stream in ("started", "stdout", "stderr") for _, stream, _ in items)  # a snapshot is none
 
     def _drain_output(self):
         self._print_taken(next_wait=0)  # what the pending take holds, then what arrived since
@@ -433,6 +462,12 @@ class _RayLaunch:
 
     def _print(self, items):
         for rank, stream, data in items:
+            if stream == "snapshot":
+                self.snapshots[rank] = (time.monotonic(), data.decode(errors="replace"))
+            if stream == "started":
+                self.started.add(rank)
+            if stream not in ("stdout", "stderr"):
+                continue
             key = (rank, stream)
             if key not in self.printers:
                 show = self.output == "all" or rank == 0
@@ -462,6 +497,7 @@ class _RayLaunch:
     def _stalled(self) -> DistributedError:
         import ray
 
+        not_started = [str(r) for r in range(self.world_size) if r not in self.started]
         self.outbox.command.remote("stacks")
         stacks, deadline = {}, time.monotonic() + STACK_WAIT_S
         while len(stacks) < self.world_size and time.monotonic() < deadline:
@@ -472,15 +508,23 @@ class _RayLaunch:
             self.take = self.outbox.take.remote(0.2)
             for rank, stream, data in items:
                 if stream == "stack":
-                    stacks[rank] = data.decode(errors="replace")
-                else:
-                    self._print([(rank, stream, data)])
-        text = "\n".join(f"--- rank {r} ---\n{stacks.get(r, '(no stack: not responding)').strip()}"
+                    stacks[rank] = data.decode(errors="replace").strip()
+            self._print(items)
+        now = time.monotonic()
+        for r in range(self.world_size):
+            if r not in stacks and r in self.snapshots:
+                when, text = self.snapshots[r]
+                stacks[r] = (f"(no answer within {STACK_WAIT_S:.0f} s; its stacks as it sent them "
+                             f"{now - when:.0f} s ago, while it printed nothing:)\n{text.strip()}")
+        text = "\n".join(f"--- rank {r} ---\n{stacks.get(r, '(no stack: not responding)')}"
                          for r in range(self.world_size))
-        return DistributedError(
-            f"no rank of {self.name}() made progress (no output) for {self.stall_timeout} s; "
-            f"all {self.world_size} ranks were killed. Their Python stacks:\n{text}"
-        )
+        if not_started:
+            what = (f"rank {', '.join(not_started)} of {self.name}() had not started "
+                    f"{max(START_TIMEOUT_S, self.stall_timeout):.0f} s after the launch (a busy cluster, or one "
+                    f"that cannot start their processes: `ray status` shows it)")
+        else:
+            what = f"no rank of {self.name}() made progress (no output) for {self.stall_timeout} s"
+        return DistributedError(f"{what}; all {self.world_size} ranks were killed. Their Python stacks:\n{text}")
 
     # -- stop -----------------------------------------------------------------------------------
     def _stop_all(self):
@@ -520,9 +564,6 @@ class _RayLaunch:
             while not nodes <= cleaned and time.monotonic() < deadline:
                 items = ray.get(self.take, timeout=CLEANUP_WAIT_S) if self.take is not None else []
                 self.take = self.outbox.take.remote(0.2)
-                for rank, stream, data in items:
-                    if stream == "cleaned":
-                        cleaned.add(self.places[rank]["node_id"])
-                    elif stream != "stack":
-                        self._print([(rank, stream, data)])
+                cleaned.update(self.places[rank]["node_id"] for rank, stream, _ in items if stream == "cleaned")
+                self._print(items)
         return cleaned

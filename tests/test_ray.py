@@ -22,6 +22,7 @@ from stall_checks import assert_a_stall_names_every_ranks_stack
 from timed_stream import TimedStream
 
 from nbhelpers import DistributedError, distributed
+from nbhelpers import ray_engine
 from nbhelpers.ray_engine import rank_layout
 
 TORCHRUN_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -152,6 +153,12 @@ def test_a_rank_whose_process_dies_is_named_with_its_last_output():
 
 
 def test_a_stall_dumps_every_ranks_python_stack_then_kills_them_on_every_node():
+    assert_a_stall_names_every_ranks_stack(6, engine="ray")
+    assert_nothing_left()
+
+
+def test_a_rank_too_slow_to_answer_after_a_stall_is_shown_by_the_stack_it_sent_while_silent(monkeypatch):
+    monkeypatch.setattr(ray_engine, "STACK_WAIT_S", 0.0)  # no rank's answer to the stall is waited for
     assert_a_stall_names_every_ranks_stack(6, engine="ray")
     assert_nothing_left()
 
