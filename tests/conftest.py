@@ -28,17 +28,33 @@ GROUP_OF_FILE = {
 }
 
 
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`make test`: -n 2 --dist loadgroup) each group runs on one worker: a file's tests
+def group_of(nodeid: str) -> str:
+    """The group of the test with this id: its file's group, or for a notebook's case in test_notebooks.py its
+    notebook's (the TRL notebooks share one)."""
+    path, _, name = nodeid.partition("::")
+    file = Path(path).name
+    if file == "test_notebooks.py" and ".ipynb" in name:
+        notebook = name[name.index("[") + 1:name.index(".ipynb")]  # the case's id starts with its notebook
+        return "trl" if notebook.startswith("trl/") else Path(notebook).name
+    return GROUP_OF_FILE.get(file, file)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under pytest-xdist (`make test`: -n 2 --dist loadgroup) each group (group_of) runs on one worker: a file's tests
     together (its module fixtures are built once), one notebook's cases with the tests that reuse their runs, and the
-    Ray tests (one cluster at a time)."""
-    for item in items:
-        file = item.path.name
-        group = GROUP_OF_FILE.get(file, file)
-        if file == "test_notebooks.py" and hasattr(item, "callspec"):
-            notebook = item.callspec.params["case"].notebook
-            group = "trl" if "/trl/" in notebook else Path(notebook).stem
-        item.add_marker(pytest.mark.xdist_group(group))
+    Ray tests (one cluster at a time). xdist's own loadgroup finds groups through `xdist_group` marks written into
+    the test ids, which pytest 9.2 no longer lets it do (pytest-xdist issue 1386): every test became its own group,
+    silently. This scheduler reads the group from the id itself."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return GroupScheduling(config, log)
 
 
 @pytest.fixture(scope="session")
