@@ -55,7 +55,8 @@ def distributed(fn=None, *, gpus: int | None = None, gpu_type: str | None = None
     output: "all" streams every rank's output into the cell; "rank0" only rank 0's (the others'
         last lines still appear in an error).
     stall_timeout: seconds without output from any rank after which every rank's Python stack is
-        dumped into the error and all ranks are killed. None: wait for ever.
+        dumped into the error and all ranks are killed. None: wait for ever. With engine="ray" the clock
+        starts once every rank has begun (starting them may take up to 2 minutes on a busy cluster).
     engine: "local" (this node's GPUs, the default) or "ray": ranks on the nodes of the Ray cluster this
         process is attached to; `gpus` then counts the ranks of all nodes together (default: every GPU
         of the cluster). See nbhelpers.ray_engine.
