@@ -23,12 +23,12 @@ def _has_gpu() -> bool:
     return torch.cuda.device_count() > 0
 
 
-@pytest.mark.notebook
 def _case_id(case) -> str:
     name = case.notebook.removeprefix("notebooks/")
     return name if case.parameters.get("num_gpus") is None else f"{name}-num_gpus={case.parameters['num_gpus']}"
 
 
+@pytest.mark.notebook
 @pytest.mark.parametrize("case", CASES, ids=[_case_id(c) for c in CASES])
 def test_notebook_meets_its_expectations(case, notebook_run):
     if case.gpu_only and not _has_gpu():
