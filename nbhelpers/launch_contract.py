@@ -9,6 +9,8 @@
   value with tensors on the CPU, or the failure with its traceback and when it happened); the engine
   reads it with `read_outcome`, turns a failure into an error with `failure_error`, and returns the
   values as `RankResults` (a list, with the launch's `system_metrics`).
+- The clean-up: every process of a launch carries its id in NBHELPERS_LAUNCH_ID (children inherit it, in
+  whatever process group they end up); `kill_launch_processes` kills those left on this node.
 
 Nothing here imports the engines or the decorator (nbhelpers.launcher), nor torch at import time.
 """
@@ -20,6 +22,7 @@ import contextlib
 import io
 import linecache
 import marshal
+import os
 import pickle
 import re
 import sys
@@ -292,3 +295,20 @@ class PrefixedPrinter:
             target = sys.stdout if self.stream == "stdout" else sys.stderr
             target.write(text)
             target.flush()
+
+
+def kill_launch_processes(launch_id: str, spare: int | None = None) -> int:
+    """SIGKILL every process of this node whose environment carries the launch id (but `spare` and this
+    process); return how many."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if p.pid not in (spare, os.getpid()) and p.environ().get("NBHELPERS_LAUNCH_ID") == launch_id:
+                found.append(p)
+    for p in found:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(found, timeout=5)
+    return len(found)

@@ -50,7 +50,7 @@ import traceback
 from concurrent.futures import CancelledError
 
 from nbhelpers.launch_contract import (DEFAULT_CPU_PROCESSES, DistributedError, PrefixedPrinter, RankResults, failure_error,
-                                       read_outcome, run_call, torchrun_environment)
+                                       kill_launch_processes, read_outcome, run_call, torchrun_environment)
 
 PLACEMENT_TIMEOUT_S = 120.0  # to reserve every rank's bundle before giving up
 START_TIMEOUT_S = 120.0  # then to start the rank actors (a Python process each) and hear from them
@@ -234,7 +234,7 @@ class _RankActor:
                 if command == "stacks":
                     ray.get(self.outbox.put.remote(rank, "stack", _python_stacks()))
                 elif command == "clean up":  # what the function started, on this node; the notebook kills us
-                    killed = _kill_launch_processes(launch_id, spare=os.getpid())
+                    killed = kill_launch_processes(launch_id, spare=os.getpid())
                     ray.get(self.outbox.put.remote(rank, "cleaned", str(killed).encode()))
                     return
 
@@ -281,22 +281,6 @@ class _Forwarder(threading.Thread):
             self.rank_actor.last_output = time.monotonic()
             self.last_put = self.outbox.put.remote(self.rank, self.stream, data)
         os.close(self.fd)
-
-
-def _kill_launch_processes(launch_id: str, spare: int | None = None) -> int:
-    """SIGKILL every process of this node whose environment carries the launch id; return how many."""
-    import psutil
-
-    found = []
-    for p in psutil.process_iter():
-        with contextlib.suppress(psutil.Error):
-            if p.pid not in (spare, os.getpid()) and p.environ().get("NBHELPERS_LAUNCH_ID") == launch_id:
-                found.append(p)
-    for p in found:
-        with contextlib.suppress(psutil.Error):
-            p.kill()
-    psutil.wait_procs(found, timeout=5)
-    return len(found)
 
 
 def rank_layout(places: list[dict], use_gpu: bool) -> list[tuple[int, dict]]:
@@ -540,7 +524,7 @@ class _RayLaunch:
             with contextlib.suppress(Exception):
                 ray.kill(actor, no_restart=True)
         # A node where no rank answered (it died, or never started): a task there does it.
-        killer = ray.remote(num_cpus=0, max_retries=0)(_kill_launch_processes)
+        killer = ray.remote(num_cpus=0, max_retries=0)(kill_launch_processes)
         refs = [killer.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(self.run_id)
                 for node in dict.fromkeys(p["node_id"] for p in self.places) if node not in cleaned]
         with contextlib.suppress(Exception):

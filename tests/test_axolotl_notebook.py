@@ -7,10 +7,12 @@ it drives must reproduce the smoke run (the notebook_run fixture runs that once 
 resumed run is that YAML-driven run. The kill is real: the `kill_rank_after_checkpoint` test hook SIGKILLs the
 training process once its first checkpoint is sealed (by the notebook's plugin nbhelpers.axolotl_plugins).
 """
+import contextlib
 import dataclasses
 import re
 
 import papermill
+import psutil
 import pytest
 import torch
 import yaml
@@ -62,6 +64,18 @@ def test_killed_run_resumes_to_the_same_losses(killed_then_resumed, notebook_run
                             if step > 8}
     assert dict(zip(resumed["loss_steps"], resumed["losses"])) == after_the_checkpoint, (
         "resuming must reproduce the uninterrupted run's losses exactly")
+
+
+def test_a_killed_rank_leaves_no_process_behind(killed_then_resumed):
+    """Its DataLoader workers sit in the process group torchrun gave the rank, which the notebook's command does not
+    own; they carry the command's NBHELPERS_LAUNCH_ID, and the notebook ends them by it."""
+    hooks_dir = str(killed_then_resumed[0])
+    left = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if p.environ().get("COOKBOOK_TEST_HOOKS_DIR", "").startswith(hooks_dir):  # only the killed run has hooks
+                left.append(p.info)
+    assert not left, f"the killed run left processes running: {left}"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with GPUs, one process per GPU is what it runs")
