@@ -404,10 +404,10 @@ class _RayLaunch:
             if self.cancel is not None and self.cancel.is_set():  # the take answers twice a second: noticed then
                 return outcomes, CancelledError(f"{self.label or self.name} was cancelled; its ranks were stopped")
             timeout = None
-            if self.stall_timeout is not None and len(self.started) < self.world_size:
-                timeout = max(0.0, launched + max(START_TIMEOUT_S, self.stall_timeout) - time.monotonic())
-            elif self.stall_timeout is not None:
-                timeout = max(0.0, last_progress + self.stall_timeout - time.monotonic())
+            if self.stall_timeout is not None:
+                starting = len(self.started) < self.world_size
+                deadline = launched + self._start_limit() if starting else last_progress + self.stall_timeout
+                timeout = max(0.0, deadline - time.monotonic())
             ready, _ = ray.wait([self.take, *pending], num_returns=1, timeout=timeout)
             if not ready:
                 return outcomes, self._stalled()
@@ -437,14 +437,15 @@ class _RayLaunch:
 
         items = self._get(self.take, "taking the ranks' output from the outbox actor", self.stall_timeout)
         self.take = self.outbox.take.remote(next_wait)
-        self._print(items)
+        self._receive(items)
         return any(stream in ("started", "stdout", "stderr") for _, stream, _ in items)  # a snapshot is none
 
     def _drain_output(self):
         self._print_taken(next_wait=0)  # what the pending take holds, then what arrived since
         self._print_taken(next_wait=OUTPUT_POLL_S)
 
-    def _print(self, items):
+    def _receive(self, items):
+        """Note what the ranks reported (started, a stack snapshot) and print their output."""
         for rank, stream, data in items:
             if stream == "snapshot":
                 self.snapshots[rank] = (time.monotonic(), data.decode(errors="replace"))
@@ -478,6 +479,10 @@ class _RayLaunch:
             rank=rank,
         )
 
+    def _start_limit(self) -> float:
+        """How long the ranks may take to begin, with a stall timeout (a long stall timeout covers start-up too)."""
+        return max(START_TIMEOUT_S, self.stall_timeout)
+
     def _stalled(self) -> DistributedError:
         import ray
 
@@ -493,7 +498,7 @@ class _RayLaunch:
             for rank, stream, data in items:
                 if stream == "stack":
                     stacks[rank] = data.decode(errors="replace").strip()
-            self._print(items)
+            self._receive(items)
         now = time.monotonic()
         for r in range(self.world_size):
             if r not in stacks and r in self.snapshots:
@@ -504,7 +509,7 @@ class _RayLaunch:
                          for r in range(self.world_size))
         if not_started:
             what = (f"rank {', '.join(not_started)} of {self.name}() had not started "
-                    f"{max(START_TIMEOUT_S, self.stall_timeout):.0f} s after the launch (a busy cluster, or one "
+                    f"{self._start_limit():.0f} s after the launch (a busy cluster, or one "
                     f"that cannot start their processes: `ray status` shows it)")
         else:
             what = f"no rank of {self.name}() made progress (no output) for {self.stall_timeout} s"
@@ -549,5 +554,5 @@ class _RayLaunch:
                 items = ray.get(self.take, timeout=CLEANUP_WAIT_S) if self.take is not None else []
                 self.take = self.outbox.take.remote(0.2)
                 cleaned.update(self.places[rank]["node_id"] for rank, stream, _ in items if stream == "cleaned")
-                self._print(items)
+                self._receive(items)
         return cleaned
