@@ -17,7 +17,7 @@ import threading
 
 import torch  # imported here so that every fork of the server has it already
 
-from nbhelpers.launch_contract import run_call
+from nbhelpers.payload import run_call
 
 
 def _die_with_launcher(lifeline_fd: int) -> None:
@@ -70,8 +70,10 @@ def loopback_rendezvous():
         rendezvous._create_c10d_store = create
 
 
-def run_rank(rank, payload, environ, cwd, sys_path, threads, stdout, stderr, results, lifeline, stack_file):
-    """Entry point of one rank (a child of the fork server)."""
+def run_rank(rank, payload, environ, cwd, sys_path, threads, stdout, stderr, results, lifeline, stacks):
+    """Entry point of one rank (a child of the fork server). On SIGUSR1 it writes the Python stack of every
+    thread into the pipe `stacks` (faulthandler: even while a C call holds the GIL); the launcher asks for them
+    to see whether the rank moves, and after a stall. Its first line names the main thread."""
     os.setsid()  # a process group of its own: the launcher ends the rank and all it started at once
     os.dup2(stdout.fileno(), 1)
     os.dup2(stderr.fileno(), 2)
@@ -80,8 +82,9 @@ def run_rank(rank, payload, environ, cwd, sys_path, threads, stdout, stderr, res
     sys.stdout.reconfigure(line_buffering=True)
     sys.stderr.reconfigure(line_buffering=True)
     threading.Thread(target=_die_with_launcher, args=(lifeline.fileno(),), daemon=True).start()
-    dump_file = open(stack_file, "w")
-    faulthandler.register(signal.SIGUSR1, file=dump_file, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=stacks.fileno(), all_threads=True)
+    # after the handler: the launcher sends SIGUSR1 only to a rank whose first line it has read
+    os.write(stacks.fileno(), f"main thread 0x{threading.main_thread().ident:016x}\n".encode())
 
     # A child of the fork server inherits "forkserver" as its default start method; under torchrun a rank has
     # the platform's default (fork on Linux), and e.g. DataLoader workers of a notebook-defined Dataset need it.

@@ -10,13 +10,14 @@
     run = train.distributed_async(lr=1e-4)  # in the background: run.result(), run.cancel()
     train(lr=1e-3)                          # a plain call runs here, as rank 0 of 1 (debugging)
 
-The signature is Databricks' `serverless_gpu` one (`@distributed(gpus=8, gpu_type="H100", remote=False)`),
-so code written for it runs with only the import changed.
+Code written for Databricks runs with only the import changed: serverless_gpu's signature
+(`@distributed(gpus=8, gpu_type="H100", remote=False)`) and the AI Runtime SDK's (`databricks.air`:
+`@distributed(num_accelerators=8, accelerator_type="GPU_8xH100")`), and `@ray_launch` (nbhelpers.ray_launch).
 
-This module is the decorator only: it checks the arguments and hands each launch to an engine,
-nbhelpers.local_engine (this host's GPUs, the default) or nbhelpers.ray_engine (the nodes of a Ray
-cluster: `engine="ray"`, or `remote=True`). Both keep the contract of nbhelpers.launch_contract;
-neither imports the other or this module.
+This module is the decorator only: it checks the arguments, restarts a failed launch (`max_restarts`) and
+hands each launch to an engine, nbhelpers.local_engine (this host's GPUs, the default) or
+nbhelpers.ray_engine (the nodes of a Ray cluster: `engine="ray"`, or `remote=True`). Both use
+nbhelpers.engine_core and nbhelpers.payload; neither imports the other or this module.
 """
 from __future__ import annotations
 
@@ -27,52 +28,58 @@ import sys
 import threading
 from concurrent.futures import CancelledError, Future
 
-from nbhelpers.launch_contract import DistributedError, RankResults, check_count, pickle_call
+from nbhelpers.engine_core import DistributedError, RankResults, check_count
+from nbhelpers.payload import pickle_call
 
 __all__ = ["distributed", "DistributedError", "DistributedFunction", "DistributedRun"]
 
 _OUTPUT_MODES = ("all", "rank0")
 _ENGINES = ("local", "ray")
+_POOL_VARIABLES = ("DATABRICKS_USE_RESERVED_GPU_POOL", "DATABRICKS_REMOTE_GPU_POOL_ID")
 _run_numbers = itertools.count(1)
 
 
-def distributed(fn=None, *, gpus: int | None = None, gpu_type: str | None = None, remote: bool = False,
-                output: str = "all", stall_timeout: float | None = None, engine: str | None = None):
+def distributed(fn=None, *, gpus: int | None = None, gpu_type=None, remote: bool = False,
+                num_accelerators: int | None = None, accelerator_type: str | None = None, output: str = "all",
+                stall_timeout: float | None = None, max_restarts: int = 0, engine: str | None = None):
     """Decorate a function so that `fn.distributed(...)` runs it once per GPU (or CPU process).
 
     Precondition: the function sets up its own process group (`init_process_group`, or a framework
     that does: HF Trainer, Lightning, DeepSpeed); this launcher only starts the processes and sets the
     environment that torchrun would set.
 
-    gpus: how many processes. Default: every visible GPU; with no GPU, 2 CPU processes (gloo).
-        More than the visible GPUs (without GPUs: more than 2 per CPU core), or fewer than 1, is
-        refused before anything starts. Launches on one host get disjoint GPUs (nbhelpers.gpu_lease).
-    gpu_type: the GPUs the code expects ("H100", "A10", ...), as serverless_gpu takes it: checked
-        against the visible GPUs (an error naming both when they differ); ignored, with one line saying
-        so, where there is no GPU.
+    gpus (databricks.air: num_accelerators): how many processes. Default: every visible GPU; with no GPU,
+        2 CPU processes (gloo). More than the visible GPUs (without GPUs: more than 2 per CPU core), or fewer
+        than 1, is refused before anything starts. Launches on one host get disjoint GPUs (nbhelpers.gpu_lease).
+    gpu_type (databricks.air: accelerator_type): the GPUs the code expects ("H100", "A10", "GPU_8xH100"),
+        checked against the visible GPUs (an error naming both when they differ); ignored, with one line
+        saying so, where there is no GPU. The count in "GPU_8xH100" is Databricks provisioning: unused here.
     remote: True runs on the Ray cluster this process is attached to (`ray.init(...)` done, or
         RAY_ADDRESS set), as engine="ray"; without one, an error at once says what to do.
     output: "all" streams every rank's output into the cell; "rank0" only rank 0's (the others'
         last lines still appear in an error).
-    stall_timeout: seconds without output from any rank after which every rank's Python stack is
-        dumped into the error and all ranks are killed. None: wait for ever. With engine="ray" the clock
-        starts once every rank has begun (starting them may take up to 2 minutes on a busy cluster).
+    stall_timeout: seconds after which a rank that made no progress (no output, no change in its Python
+        stack) counts as stalled, even while the others go on: every rank's Python stack goes into the
+        error and all ranks are killed. None: wait for ever. With engine="ray" the clock starts once every
+        rank has begun (starting them may take up to 2 minutes on a busy cluster).
+    max_restarts: after a failure (a rank raised, died or stalled), start every rank again, up to this many
+        times, as torchrun's --max-restarts does; each rank sees TORCHELASTIC_RESTART_COUNT and resumes from
+        its newest verified checkpoint itself. Each restart is said in one line; the final error names each
+        attempt's failing rank.
     engine: "local" (this node's GPUs, the default) or "ray": ranks on the nodes of the Ray cluster this
         process is attached to; `gpus` then counts the ranks of all nodes together (default: every GPU
         of the cluster). See nbhelpers.ray_engine.
     """
+    gpus = _one_of("gpus", gpus, "num_accelerators", num_accelerators)
+    gpu_type = _one_of("gpu_type", gpu_type, "accelerator_type", accelerator_type)
     if output not in _OUTPUT_MODES:
         raise ValueError(f"output must be one of {_OUTPUT_MODES}, got {output!r}")
     if stall_timeout is not None and stall_timeout <= 0:
         raise ValueError(f"stall_timeout must be a positive number of seconds or None, got {stall_timeout!r}")
-    if engine is not None and engine not in _ENGINES:
-        raise ValueError(f"engine must be one of {_ENGINES}, got {engine!r}")
-    if remote and engine == "local":
-        raise ValueError('remote=True runs on a Ray cluster (engine="ray"); engine="local" contradicts it. '
-                         "Leave one of them out.")
-    engine = engine or ("ray" if remote else "local")
-    if remote:
-        _check_ray_reachable()
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ValueError(f"max_restarts must be a whole number >= 0, got {max_restarts!r}")
+    engine = _engine(engine, remote)
+    _say_what_pools_mean_here()
     if gpus is not None:
         # A bad count fails at decoration, long before a launch (the cluster's GPUs are counted at launch).
         if engine == "ray":
@@ -92,9 +99,37 @@ def distributed(fn=None, *, gpus: int | None = None, gpu_type: str | None = None
 
             local_engine.warm_up()
         return DistributedFunction(f, gpus=gpus, gpu_type=gpu_type, output=output, stall_timeout=stall_timeout,
-                                   engine=engine)
+                                   engine=engine, max_restarts=max_restarts)
 
     return decorate(fn) if fn is not None else decorate
+
+
+def _one_of(name, value, synonym, synonym_value):
+    """serverless_gpu's name or databricks.air's for the same setting: either one, or both if they agree."""
+    if synonym_value is None:
+        return value
+    if value is not None and value != synonym_value:
+        raise ValueError(f"{name}={value!r} and {synonym}={synonym_value!r} name the same setting "
+                         f"(serverless_gpu's and databricks.air's spelling) with different values: pass one of them")
+    return synonym_value
+
+
+def _engine(engine, remote) -> str:
+    if engine is not None and engine not in _ENGINES:
+        raise ValueError(f"engine must be one of {_ENGINES}, got {engine!r}")
+    if remote and engine == "local":
+        raise ValueError('remote=True runs on a Ray cluster (engine="ray"); engine="local" contradicts it. '
+                         "Leave one of them out.")
+    if remote:
+        _check_ray_reachable()
+    return engine or ("ray" if remote else "local")
+
+
+def _say_what_pools_mean_here() -> None:
+    set_here = [name for name in _POOL_VARIABLES if os.environ.get(name)]
+    if set_here:
+        print(f"@distributed: {', '.join(set_here)} ignored: GPU pools are Databricks provisioning; here the ranks "
+              "run on the GPUs this machine (or the attached Ray cluster) has.", file=sys.stderr)
 
 
 def _check_ray_reachable() -> None:
@@ -111,7 +146,7 @@ def _check_ray_reachable() -> None:
 class DistributedFunction:
     """A function with a `.distributed(...)` launcher; calling it plainly runs it in this process."""
 
-    def __init__(self, fn, *, gpus, output, stall_timeout, engine="local", gpu_type=None):
+    def __init__(self, fn, *, gpus, output, stall_timeout, engine="local", gpu_type=None, max_restarts=0):
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.gpus = gpus
@@ -119,6 +154,7 @@ class DistributedFunction:
         self.output = output
         self.stall_timeout = stall_timeout
         self.engine = engine
+        self.max_restarts = max_restarts
 
     def __call__(self, *args, **kwargs):
         from nbhelpers import local_engine
@@ -153,8 +189,30 @@ class DistributedFunction:
         return run
 
     def _launch(self, payload, *, label, cancel, mlflow_run_id) -> RankResults:
+        """One attempt, and up to max_restarts more after a failure (not after a cancel or an interrupt)."""
+        failures = []
+        for restart in range(self.max_restarts + 1):
+            try:
+                return self._attempt(payload, label=label, cancel=cancel, mlflow_run_id=mlflow_run_id,
+                                     restart=restart)
+            except DistributedError as exc:
+                failures.append(exc)
+                if restart == self.max_restarts:
+                    break
+                print(f"@distributed: {label or self.__name__}() attempt {restart + 1} failed ({_first_line(exc)}); "
+                      f"restarting every rank (restart {restart + 1} of {self.max_restarts})", file=sys.stderr,
+                      flush=True)
+        if len(failures) == 1:
+            raise failures[0]
+        attempts = "; ".join(f"attempt {i + 1}: rank {f.rank} ({_first_line(f)})" for i, f in enumerate(failures))
+        raise DistributedError(f"{self.__name__}() failed on each of its {len(failures)} attempts: {attempts}.\n"
+                               f"The last attempt's error: {failures[-1]}", rank=failures[-1].rank,
+                               exitcode=failures[-1].exitcode, signal_name=failures[-1].signal_name,
+                               remote_traceback=failures[-1].remote_traceback, attempts=failures) from failures[-1]
+
+    def _attempt(self, payload, *, label, cancel, mlflow_run_id, restart) -> RankResults:
         options = dict(gpus=self.gpus, output=self.output, stall_timeout=self.stall_timeout, label=label, cancel=cancel,
-                       mlflow_run_id=mlflow_run_id)
+                       mlflow_run_id=mlflow_run_id, restart=restart, max_restarts=self.max_restarts)
         if self.engine == "ray":
             from nbhelpers import ray_engine
 
@@ -162,6 +220,10 @@ class DistributedFunction:
         from nbhelpers import local_engine  # (gpu_type was checked at decoration)
 
         return local_engine.run(self.__name__, payload, **options)
+
+
+def _first_line(error: BaseException) -> str:
+    return str(error).split("\n", 1)[0].rstrip(".")[:300]
 
 
 class DistributedRun:

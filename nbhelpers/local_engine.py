@@ -3,23 +3,23 @@
 How it works. Ranks are forked from a server process that imported torch but never touched CUDA
 (`multiprocessing`'s forkserver), never from the notebook's process, so a launch works after CUDA was
 used in the notebook and a repeated launch costs a fork, not a Python start. The call travels by value
-(nbhelpers.launch_contract.pickle_call). Each rank gets the torchrun environment (MASTER_ADDR=127.0.0.1,
+(nbhelpers.payload.pickle_call). Each rank gets the torchrun environment (MASTER_ADDR=127.0.0.1,
 a free MASTER_PORT; everything listens on loopback only), its own process group, and pipes for its
 stdout and stderr, which this process prints into the running cell, prefixed `[rank N]`. On the first
 failure every rank is stopped (SIGTERM, then SIGKILL, whole process groups; a second interrupt does not
 cut that short) and one `DistributedError` names the rank whose failure came first and carries its
-traceback. Ranks die with this process if it dies, and when a launch ends whatever still refers to it.
+traceback. `stall_timeout` watches each rank on its own (nbhelpers.engine_core.ProgressWatch): its output, and
+snapshots of its Python stack sent through a pipe every quarter of the timeout. A launch writes no file.
+Ranks die with this process if it dies, and when a launch ends whatever still refers to it.
 With GPUs, a launch first leases its GPUs host-wide (nbhelpers.gpu_lease), so launches running at once
 (`distributed_async`) get disjoint GPUs; while it runs, nbhelpers.system_metrics samples its ranks.
 What runs inside a rank is nbhelpers._worker.
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 import multiprocessing
 import os
-import re
 from concurrent.futures import CancelledError
 from multiprocessing import forkserver
 import selectors
@@ -27,36 +27,41 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
+from nbhelpers.engine_core import (DEFAULT_CPU_PROCESSES, DistributedError, Printers, ProgressWatch, RankResults,
+                                   cancelled, check_count, failure_error, gpu_type_matches, launch_processes,
+                                   main_thread_stack, stall_error, stop_processes, torchrun_environment)
 from nbhelpers.gpu_lease import GpuLease, LeaseCancelled
-from nbhelpers.launch_contract import (DEFAULT_CPU_PROCESSES, DistributedError, PrefixedPrinter, RankResults, check_count,
-                                       failure_error, read_outcome, torchrun_environment)
+from nbhelpers.payload import read_outcome
 from nbhelpers.system_metrics import RankSampler
 
 CPU_RANKS_PER_CORE = 2  # without GPUs: more ranks than this per core only time-slice the cores
 TERMINATE_GRACE_S = 2.0  # between SIGTERM and SIGKILL
 BLAME_WINDOW_S = 0.5  # after a first failure: how long to listen for the failure that caused it
 CANCEL_POLL_S = 0.2  # how soon a cancelled launch in the background notices
+STACK_WAIT_S = 3.0  # after a stall: for every rank's fresh stacks (one that does not answer: its last snapshot)
 
 
 def run(name: str, payload: bytes, *, gpus: int | None, output: str, stall_timeout: float | None,
-        label: str | None = None, cancel=None, mlflow_run_id: str | None = None) -> RankResults:
+        label: str | None = None, cancel=None, mlflow_run_id: str | None = None, restart: int = 0,
+        max_restarts: int = 0) -> RankResults:
     """Run pickle_call's call once per rank on this host; the ranks' results in rank order.
 
     With GPUs the launch first leases its GPUs host-wide (nbhelpers.gpu_lease: waiting while other
     launches hold them) and its ranks see only those. label: the run's name, before each output line.
     cancel: a threading.Event that stops the ranks (concurrent.futures.CancelledError). mlflow_run_id:
-    where the ranks' system metrics go.
+    where the ranks' system metrics go. restart, max_restarts: which attempt this is, of how many more allowed
+    (the ranks see them as torchrun's TORCHELASTIC_RESTART_COUNT and TORCHELASTIC_MAX_RESTARTS).
     """
     ranks = world_size(gpus)
     visible = _visible_gpus()
     lease = GpuLease(visible, ranks, holder=label or name, cancel=cancel) if visible else contextlib.nullcontext([])
     try:
         with lease as leased:
-            return _LocalLaunch(name, payload, ranks, output, stall_timeout, leased, label, cancel, mlflow_run_id).run()
+            return _LocalLaunch(name, payload, ranks, output, stall_timeout, leased, label, cancel, mlflow_run_id,
+                                (restart, max_restarts)).run()
     except LeaseCancelled as exc:
         raise CancelledError(str(exc)) from None
 
@@ -72,8 +77,7 @@ def check_gpu_type(gpu_type: str | None) -> None:
               "processes (gloo).", file=sys.stderr)
         return
     names = _gpu_names(visible)
-    wanted = set(re.findall(r"[a-z0-9]+", gpu_type.lower()))
-    if not all(wanted <= set(re.findall(r"[a-z0-9]+", n.lower())) for n in names):
+    if not all(gpu_type_matches(gpu_type, n) for n in names):
         here = ", ".join(f"{n} ({names.count(n)}x)" for n in dict.fromkeys(names))
         raise ValueError(
             f"gpu_type={gpu_type!r} but the GPUs visible here are {here}. Ask for the GPUs this machine has "
@@ -259,14 +263,14 @@ def _ranks_running(count: int):
 class _RankProcess:
     """The launcher's view of one rank: its process, its pipes and what it said."""
 
-    def __init__(self, rank, process, stdout, stderr, results, lifeline, stack_file):
+    def __init__(self, rank, process, stdout, stderr, results, lifeline, stacks):
         self.rank = rank
         self.process = process
-        self.stdout, self.stderr, self.results, self.lifeline = stdout, stderr, results, lifeline
-        self.stack_file = stack_file
-        self.outcome = None  # its launch_contract.Outcome
+        self.stdout, self.stderr, self.results, self.lifeline, self.stacks = stdout, stderr, results, lifeline, stacks
+        self.outcome = None  # its nbhelpers.payload.Outcome
         self.died = None  # it ended without a result: time.time() before which it was still alive
-        self.tail = collections.deque(maxlen=40)  # its last output lines, for error messages
+        self.main_thread = None  # "0x...": its main thread's id in its stack dumps
+        self.dump = b""  # the stack dump arriving since the last request
 
     @property
     def failed(self) -> bool:
@@ -278,27 +282,29 @@ class _RankProcess:
 
 
 class _LocalLaunch:
-    def __init__(self, name, payload, world_size, output, stall_timeout, gpus, label, cancel, mlflow_run_id):
+    def __init__(self, name, payload, world_size, output, stall_timeout, gpus, label, cancel, mlflow_run_id,
+                 attempt=(0, 0)):
         self.name = name
         self.payload = payload
         self.world_size = world_size
-        self.output = output
         self.stall_timeout = stall_timeout
         self.gpus = gpus  # the leased GPUs, one per rank; [] without GPUs
         self.label, self.cancel, self.mlflow_run_id = label, cancel, mlflow_run_id
+        self.restart, self.max_restarts = attempt
         self.ranks: list[_RankProcess] = []
         self.selector = selectors.DefaultSelector()
-        self.printers = {}
+        self.printers = Printers(output, label)
+        self.watch = None  # a ProgressWatch, with a stall timeout
 
     def run(self) -> RankResults:
         ctx = _fork_server_context()
         sampler = None
-        with tempfile.TemporaryDirectory(prefix="nbhelpers-") as tmp, _ranks_running(self.world_size) as running:
+        with _ranks_running(self.world_size) as running:
             try:
                 # CPU threads per rank (OMP_NUM_THREADS, unless set): the cores shared by the ranks running now;
                 # one in the background, where more launches are to come (as torchrun gives several ranks)
                 threads = 1 if self.label else max(1, _usable_cores() // running)
-                self._start(ctx, tmp, threads)
+                self._start(ctx, threads)
                 sampler = RankSampler([r.process.pid for r in self.ranks], self.gpus or [None] * self.world_size,
                                       self.mlflow_run_id)
                 sampler.start()
@@ -309,45 +315,46 @@ class _LocalLaunch:
                 self._stop_all_despite_interrupts()
                 system_metrics = sampler.stop() if sampler is not None else None
             self._drain(deadline=time.monotonic() + 1.0)
+            self._close_pipes()
             self.selector.close()
         if failure is not None:
             raise failure
         return RankResults([r.outcome.value for r in self.ranks], system_metrics)
 
     # -- start ----------------------------------------------------------------------------------
-    def _start(self, ctx, tmp, threads):
+    def _start(self, ctx, threads):
         port = _free_port()
         run_id = self.run_id = f"nbhelpers-{os.getpid()}-{port}-{time.time_ns()}"
         from nbhelpers._worker import run_rank
 
         for rank in range(self.world_size):
-            out_r, out_w = ctx.Pipe(duplex=False)
-            err_r, err_w = ctx.Pipe(duplex=False)
-            res_r, res_w = ctx.Pipe(duplex=False)
-            life_r, life_w = ctx.Pipe(duplex=False)
+            pipes = [ctx.Pipe(duplex=False) for _ in range(5)]  # (read end, write end) of each
+            (out_r, out_w), (err_r, err_w), (res_r, res_w), (life_r, life_w), (stack_r, stack_w) = pipes
             environ = dict(os.environ)
             environ.setdefault("OMP_NUM_THREADS", str(threads))
-            environ.update(torchrun_environment(rank, self.world_size, port, run_id))
+            environ.update(torchrun_environment(rank, self.world_size, port, run_id, self.restart, self.max_restarts))
             environ.update(_loopback_environment())
             if self.gpus:
                 environ["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpus)  # the leased ones: cuda:LOCAL_RANK is its own
-            stack_file = os.path.join(tmp, f"rank{rank}.stack")
             process = ctx.Process(
                 target=run_rank,
                 name=f"{self.name}-rank{rank}",
                 args=(rank, self.payload, environ, os.getcwd(), list(sys.path), int(environ["OMP_NUM_THREADS"]),
-                      out_w, err_w, res_w, life_r, stack_file),
+                      out_w, err_w, res_w, life_r, stack_w),
             )
-            r = _RankProcess(rank, process, out_r, err_r, res_r, life_w, stack_file)
+            r = _RankProcess(rank, process, out_r, err_r, res_r, life_w, stack_r)
             self.ranks.append(r)  # before it starts: an interrupt from here on stops it
             with _main_module_not_rerun():
                 process.start()
-            for child_end in (out_w, err_w, res_w, life_r):
+            for child_end in (out_w, err_w, res_w, life_r, stack_w):
                 child_end.close()
             self.selector.register(out_r.fileno(), selectors.EVENT_READ, (r, "stdout"))
             self.selector.register(err_r.fileno(), selectors.EVENT_READ, (r, "stderr"))
             self.selector.register(res_r.fileno(), selectors.EVENT_READ, (r, "results"))
+            self.selector.register(stack_r.fileno(), selectors.EVENT_READ, (r, "stacks"))
             self.selector.register(process.sentinel, selectors.EVENT_READ, (r, "exit"))
+        if self.stall_timeout is not None:
+            self.watch = ProgressWatch(range(self.world_size), self.stall_timeout)
 
     # -- watch ----------------------------------------------------------------------------------
     def _supervise(self):
@@ -355,30 +362,34 @@ class _LocalLaunch:
 
         Once a rank has failed, listen a moment longer (BLAME_WINDOW_S) for the failure that caused it:
         a rank killed in a collective makes its peers fail too ("Connection reset by peer"), and their
-        report may be read first. _blame decides by what happened first.
+        report may be read first. _blame decides by what happened first. With a stall timeout, every rank is
+        asked for its stacks every `watch.snapshot_every` seconds, and a rank without progress is a stall.
         """
-        last_progress = time.monotonic()
         settle_by = None  # set at the first failure
         polled_at = time.time()  # every rank that has not ended was alive then
+        next_snapshot = time.monotonic()
         while True:
             if settle_by is None and all(r.settled for r in self.ranks):
                 return None  # every rank returned (a failure would have set settle_by)
             if settle_by is not None and (all(r.settled for r in self.ranks) or time.monotonic() >= settle_by):
                 return self._blame()
             if self.cancel is not None and self.cancel.is_set():
-                return CancelledError(f"{self.label or self.name} was cancelled; its ranks were stopped")
-            if settle_by is not None:
-                timeout = settle_by - time.monotonic()
-            elif self.stall_timeout is not None:
-                timeout = max(0.0, last_progress + self.stall_timeout - time.monotonic())
-            else:
+                return cancelled(self.label or self.name)
+            if self.watch is not None and settle_by is None:
+                now = time.monotonic()
+                if now >= next_snapshot:
+                    self._snapshot_stacks()
+                    next_snapshot = now + self.watch.snapshot_every
+                if self.watch.stalled(now):
+                    return self._stalled()
+            wake_at = [t for t in (settle_by, next_snapshot if self.watch else None,
+                                   self.watch.deadline() if self.watch else None) if t is not None]
+            timeout = max(0.0, min(wake_at) - time.monotonic()) if wake_at else None
+            if timeout == float("inf"):
                 timeout = None
             if self.cancel is not None:
                 timeout = CANCEL_POLL_S if timeout is None else min(timeout, CANCEL_POLL_S)
             if not self.selector.select(timeout):
-                stalled = self.stall_timeout is not None and time.monotonic() >= last_progress + self.stall_timeout
-                if settle_by is None and stalled:
-                    return self._stalled()
                 continue
             # Poll again right after a timestamp: what is not ready now was still alive at `polled_at`.
             alive_before, polled_at = polled_at, time.time()
@@ -388,6 +399,10 @@ class _LocalLaunch:
                     continue  # read already, with its rank's exit in this batch
                 if kind in ("stdout", "stderr"):
                     self._read_output(key.fd, r, kind)
+                    if self.watch is not None:
+                        self.watch.output(r.rank)
+                elif kind == "stacks":
+                    self._read_stacks(key.fd, r)
                 elif kind == "results":
                     self._read_outcome(r, alive_before)
                 elif kind == "exit":
@@ -396,32 +411,53 @@ class _LocalLaunch:
                         self._read_outcome(r, alive_before)
                     if not r.settled:
                         r.died = alive_before
-                last_progress = time.monotonic()
+                if r.settled and self.watch is not None:
+                    self.watch.done(r.rank)
                 if r.failed and settle_by is None:
                     settle_by = time.monotonic() + BLAME_WINDOW_S
 
     def _read_outcome(self, r, alive_before):
         fd = r.results.fileno()
         try:
-            r.outcome = read_outcome(r.results.recv_bytes())
+            message = r.results.recv_bytes()
         except (EOFError, OSError):  # it ended without a word: its exit says how
             r.died = alive_before
+        else:
+            r.outcome = read_outcome(message)
         self.selector.unregister(fd)
 
     def _read_output(self, fd, r, stream):
         data = os.read(fd, 65536)
         if not data:
             self.selector.unregister(fd)
-            self._printer(r, stream).finish()
+            self.printers.finish(r.rank)
             return
-        self._printer(r, stream).feed(data)
+        self.printers.feed(r.rank, stream, data)
 
-    def _printer(self, r, stream):
-        key = (r.rank, stream)
-        if key not in self.printers:
-            show = self.output == "all" or r.rank == 0
-            self.printers[key] = PrefixedPrinter(r.rank, stream, show, r.tail, run=self.label)
-        return self.printers[key]
+    def _read_stacks(self, fd, r):
+        data = os.read(fd, 65536)
+        if not data:
+            self.selector.unregister(fd)
+            return
+        r.dump += data
+        if r.main_thread is None and b"\n" in r.dump:  # the first line, written as the rank starts
+            first, r.dump = r.dump.split(b"\n", 1)
+            r.main_thread = first.decode().rpartition(" ")[2]
+
+    def _snapshot_stacks(self):
+        """The dumps that arrived since the last request are the ranks' last snapshots; ask for new ones."""
+        for r in self.ranks:
+            if r.dump:
+                text = r.dump.decode(errors="replace")
+                self.watch.snapshot(r.rank, text, main_thread_stack(text, r.main_thread))
+                r.dump = b""
+            self._ask_for_stacks(r)
+
+    @staticmethod
+    def _ask_for_stacks(r):
+        if r.main_thread is not None and not r.settled:  # its SIGUSR1 handler is in place (_worker.run_rank)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(r.process.pid, signal.SIGUSR1)
 
     # -- fail -----------------------------------------------------------------------------------
     def _blame(self) -> DistributedError:
@@ -439,7 +475,7 @@ class _LocalLaunch:
             return failure_error(r.outcome, rank=r.rank, world_size=self.world_size, name=self.name, context=after)
         r.process.join(2)  # the fork server reports the exit status
         code = r.process.exitcode
-        tail = "".join(r.tail) or "(no output)\n"
+        tail = self.printers.tail(r.rank)
         if code is not None and code < 0:
             name = signal.Signals(-code).name
             hint = " (the kernel's out-of-memory killer sends SIGKILL: check host memory)" if name == "SIGKILL" else ""
@@ -466,19 +502,30 @@ class _LocalLaunch:
         return f"exited with code {code} without returning"
 
     def _stalled(self) -> DistributedError:
+        """Every rank's stacks, fresh (the last snapshot where a rank does not answer), into the stall's report."""
+        stalled = self.watch.quiet()
         for r in self.ranks:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(r.process.pid, signal.SIGUSR1)
-        time.sleep(1.0)  # faulthandler writes from a signal handler; give every rank the moment
-        stacks = []
+            r.dump = b""
+            self._ask_for_stacks(r)
+        deadline = time.monotonic() + STACK_WAIT_S
+        while time.monotonic() < deadline and not all(r.dump or r.settled or r.main_thread is None for r in self.ranks):
+            for key, _ in self.selector.select(max(0.0, deadline - time.monotonic())):
+                r, kind = key.data
+                if kind == "stacks":
+                    self._read_stacks(key.fd, r)
+                elif kind in ("stdout", "stderr"):
+                    self._read_output(key.fd, r, kind)
+                elif kind == "exit":
+                    self.selector.unregister(key.fd)
+        time.sleep(0.2)  # faulthandler writes thread by thread: the rest of each dump
         for r in self.ranks:
             with contextlib.suppress(OSError):
-                with open(r.stack_file) as f:
-                    stacks.append(f"--- rank {r.rank} ---\n{f.read().strip() or '(no stack: not responding)'}")
-        return DistributedError(
-            f"no rank of {self.name}() made progress (no output) for {self.stall_timeout} s; "
-            f"all {self.world_size} ranks were killed. Their Python stacks:\n" + "\n".join(stacks)
-        )
+                while r.stacks.poll(0):
+                    if not (data := os.read(r.stacks.fileno(), 65536)):
+                        break
+                    r.dump += data
+        stacks = {r.rank: r.dump.decode(errors="replace") or self.watch.stacks.get(r.rank) for r in self.ranks}
+        return stall_error(self.name, self.world_size, self.stall_timeout, stalled, stacks)
 
     def _drain(self, deadline, only=None):
         """Print what is still in the pipes (of one rank, or of all) until EOF or the deadline."""
@@ -494,6 +541,8 @@ class _LocalLaunch:
                 r, kind = key.data
                 if kind in ("stdout", "stderr") and (only is None or r is only):
                     self._read_output(key.fd, r, kind)
+                elif kind == "stacks":
+                    self._read_stacks(key.fd, r)
 
     # -- stop -----------------------------------------------------------------------------------
     def _wait_for_exit(self):
@@ -513,46 +562,38 @@ class _LocalLaunch:
                 continue
 
     def _stop_all(self):
-        """SIGTERM every rank's process group and every descendant, SIGKILL what remains; then close the
-        lifelines, whatever still refers to this launch (a traceback kept by the notebook)."""
+        """SIGTERM every rank's process group, its descendants and whatever carries the launch id, SIGKILL what
+        remains; then close the lifelines, whatever still refers to this launch (a traceback kept by the notebook)."""
         import psutil
 
         procs = {}
         for r in self.ranks:
-            pid = r.process.pid
-            if pid is None:
+            if r.process.pid is None:
                 continue
             with contextlib.suppress(psutil.Error):
-                parent = psutil.Process(pid)
+                parent = psutil.Process(r.process.pid)
                 procs.update((p.pid, p) for p in [parent, *parent.children(recursive=True)])
-        # Processes whose rank already died (re-parented away) or that left the rank's session still
-        # carry the launch id in their environment.
-        for p in psutil.process_iter():
-            with contextlib.suppress(psutil.Error):
-                if p.pid not in procs and p.environ().get("NBHELPERS_LAUNCH_ID") == self.run_id:
-                    procs[p.pid] = p
-        procs = list(procs.values())
-        for sig in (signal.SIGTERM, signal.SIGKILL):
+        # Processes whose rank already died (re-parented away) or that left the rank's session
+        procs.update((p.pid, p) for p in launch_processes(self.run_id) if p.pid not in procs)
+
+        def signal_groups(sig):
             for r in self.ranks:
                 if r.process.pid is not None:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(r.process.pid, sig)
-            for p in procs:
-                with contextlib.suppress(psutil.Error):
-                    p.send_signal(sig)
-            _, procs = psutil.wait_procs(procs, timeout=TERMINATE_GRACE_S if sig == signal.SIGTERM else 5)
-            if not procs:
-                break
+
+        stop_processes(list(procs.values()), grace=TERMINATE_GRACE_S, also=signal_groups)
         for r in self.ranks:
             r.lifeline.close()  # any rank we could not reach kills itself on this EOF
         for r in self.ranks:
             if r.process.pid is not None:
                 r.process.join(5)
-            for conn in (r.stdout, r.stderr, r.results):
+
+    def _close_pipes(self):
+        self.printers.finish()
+        for r in self.ranks:
+            for conn in (r.stdout, r.stderr, r.results, r.stacks):
                 with contextlib.suppress(OSError):
-                    fd = conn.fileno()
-                    if fd in self.selector.get_map():
-                        continue  # still drained after the stop
+                    if conn.fileno() in self.selector.get_map():
+                        self.selector.unregister(conn.fileno())
                     conn.close()
-
-

@@ -10,7 +10,7 @@
         ...
     results = train.distributed(lr=1e-3)        # one result per rank, in rank order
 
-The contract is the local engine's (nbhelpers.launch_contract), carried out by Ray:
+The contract is the local engine's (nbhelpers.engine_core, nbhelpers.payload), carried out by Ray:
 - One placement group reserves every rank's bundle at once ({"GPU": 1, "CPU": 1}, or {"CPU": 1} on a
   cluster without GPUs), packed onto as few nodes as possible; the ranks are Ray actors in its bundles.
   Nothing starts until all bundles are reserved (gang scheduling).
@@ -18,7 +18,7 @@ The contract is the local engine's (nbhelpers.launch_contract), carried out by R
   GROUP_RANK (the node's index), MASTER_ADDR = rank 0's node address, MASTER_PORT = a port found free
   on rank 0's node. On a node with several ranks, CUDA_VISIBLE_DEVICES lists all their GPUs and each
   rank's LOCAL_RANK is the index of its own, so `cuda:LOCAL_RANK` is its GPU (what Ray Train does too).
-- The function and its arguments travel by value (launch_contract.pickle_call); each rank runs it in the
+- The function and its arguments travel by value (payload.pickle_call); each rank runs it in the
   main thread of its actor, in the notebook's working directory when that exists on the node.
 - Each rank's stdout and stderr (file descriptors 1 and 2, so subprocesses too) go to a small queue
   actor on this node; this process prints them into the cell as they come, prefixed `[rank N]`.
@@ -28,7 +28,7 @@ The contract is the local engine's (nbhelpers.launch_contract), carried out by R
   killed on every node (found by the launch id in their environment). Nothing is left.
 - Every wait on the cluster has an end: starting the actors and the function on every rank
   START_TIMEOUT_S (on a busy cluster that alone can take longer than a short `stall_timeout`), then
-  the ranks' output (and so the function) `stall_timeout`.
+  each rank's progress `stall_timeout` (its output, or a change in the stack snapshots it sends while silent).
 
 Ranks import nbhelpers, torch and what the function imports: these must be installed on every node
 (or shipped with `ray.init(runtime_env={"py_modules": [...]})`).
@@ -36,11 +36,9 @@ Ranks import nbhelpers, torch and what the function imports: these must be insta
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import itertools
 import os
-import re
 import select
 import socket
 import sys
@@ -49,8 +47,10 @@ import time
 import traceback
 from concurrent.futures import CancelledError
 
-from nbhelpers.launch_contract import (DEFAULT_CPU_PROCESSES, DistributedError, PrefixedPrinter, RankResults, failure_error,
-                                       kill_launch_processes, read_outcome, run_call, torchrun_environment)
+from nbhelpers.engine_core import (DEFAULT_CPU_PROCESSES, DistributedError, Printers, ProgressWatch, RankResults,
+                                   cancelled, failure_error, gpu_type_matches, main_thread_stack, stall_error,
+                                   stop_launch_processes, torchrun_environment)
+from nbhelpers.payload import read_outcome, run_call
 
 PLACEMENT_TIMEOUT_S = 120.0  # to reserve every rank's bundle before giving up
 START_TIMEOUT_S = 120.0  # then to start the rank actors (a Python process each) and hear from them
@@ -60,10 +60,10 @@ CLEANUP_WAIT_S = 5.0
 
 
 def run(name: str, payload: bytes, *, gpus: int | None, output: str, stall_timeout: float | None,
-        label: str | None = None, cancel=None, mlflow_run_id: str | None = None, gpu_type: str | None = None
-        ) -> RankResults:
+        label: str | None = None, cancel=None, mlflow_run_id: str | None = None, gpu_type: str | None = None,
+        restart: int = 0, max_restarts: int = 0) -> RankResults:
     """Run pickle_call's call once per rank on the Ray cluster this process is attached to (or the one
-    RAY_ADDRESS names). label, cancel: as nbhelpers.local_engine.run. The ranks' system metrics are not
+    RAY_ADDRESS names). label, cancel, restart, max_restarts: as nbhelpers.local_engine.run. The ranks' system metrics are not
     sampled here (`system_metrics` is None; Ray's dashboard shows the nodes'), so mlflow_run_id is unused.
     """
     import ray
@@ -79,7 +79,8 @@ def run(name: str, payload: bytes, *, gpus: int | None, output: str, stall_timeo
     use_gpu, world_size = _cluster_world_size(gpus)
     bundle = {"GPU": 1, "CPU": 1} if use_gpu else {"CPU": 1}
     bundle.update(_accelerator_resource(gpu_type, use_gpu))
-    return RankResults(_RayLaunch(name, payload, world_size, bundle, output, stall_timeout, label, cancel).run())
+    return RankResults(_RayLaunch(name, payload, world_size, bundle, output, stall_timeout, label, cancel,
+                                  (restart, max_restarts)).run())
 
 
 def _accelerator_resource(gpu_type: str | None, use_gpu: bool) -> dict:
@@ -94,8 +95,7 @@ def _accelerator_resource(gpu_type: str | None, use_gpu: bool) -> dict:
               "CPU processes (gloo).", file=sys.stderr)
         return {}
     types = [k.split(":", 1)[1] for k in ray.cluster_resources() if k.startswith("accelerator_type:")]
-    wanted = set(re.findall(r"[a-z0-9]+", gpu_type.lower()))
-    matching = [t for t in types if wanted <= set(re.findall(r"[a-z0-9]+", t.lower()))]
+    matching = [t for t in types if gpu_type_matches(gpu_type, t)]
     if not matching:
         raise ValueError(f"gpu_type={gpu_type!r} but the Ray cluster's GPUs are {', '.join(types) or 'of no known type'}. "
                          "Ask for one of those, or leave gpu_type out to take any GPU of the cluster.")
@@ -176,7 +176,7 @@ class _RankActor:
             return s.getsockname()[1]
 
     def run(self, rank: int, payload: bytes, environ: dict, cwd: str, sys_path: list,
-            stall_timeout: float | None) -> bytes:
+            snapshot_every: float | None) -> bytes:
         """Run the call; its launch_contract.Outcome as bytes."""
         self.outbox.put.remote(rank, "started", b"")  # the notebook's stall clock starts when all have
         os.environ.update(environ)
@@ -185,8 +185,8 @@ class _RankActor:
         sys.path.extend(p for p in sys_path if p not in sys.path and os.path.exists(p))
         threading.Thread(target=self._obey, args=(rank, environ["NBHELPERS_LAUNCH_ID"]), daemon=True,
                          name="nbhelpers-control").start()
-        if stall_timeout is not None:
-            threading.Thread(target=self._snapshot_while_silent, args=(rank, stall_timeout / 3), daemon=True,
+        if snapshot_every is not None:
+            threading.Thread(target=self._snapshot_while_silent, args=(rank, snapshot_every), daemon=True,
                              name="nbhelpers-snapshots").start()
         with self._output_to_outbox(rank):
             _, message = run_call(rank, payload)
@@ -234,7 +234,7 @@ class _RankActor:
                 if command == "stacks":
                     ray.get(self.outbox.put.remote(rank, "stack", _python_stacks()))
                 elif command == "clean up":  # what the function started, on this node; the notebook kills us
-                    killed = kill_launch_processes(launch_id, spare=os.getpid())
+                    killed = stop_launch_processes(launch_id, spare=(os.getpid(),))
                     ray.get(self.outbox.put.remote(rank, "cleaned", str(killed).encode()))
                     return
 
@@ -250,8 +250,8 @@ class _RankActor:
 
 
 def _python_stacks() -> bytes:
-    """The Python stack of every thread in this process but nbhelpers' own (the function runs in the main
-    thread)."""
+    """The Python stack of every thread in this process but nbhelpers' own, each headed `Thread NAME:` (the
+    function runs in the main thread, "Thread MainThread:")."""
     frames = sys._current_frames()
     return "".join(f"Thread {t.name}:\n" + "".join(traceback.format_stack(frames[t.ident]))
                    for t in threading.enumerate() if t.ident in frames and not t.name.startswith("nbhelpers-")
@@ -312,18 +312,19 @@ def rank_layout(places: list[dict], use_gpu: bool) -> list[tuple[int, dict]]:
 # The launch, seen from the notebook
 
 class _RayLaunch:
-    def __init__(self, name, payload, world_size, bundle, output, stall_timeout, label, cancel):
+    def __init__(self, name, payload, world_size, bundle, output, stall_timeout, label, cancel, attempt=(0, 0)):
         self.name, self.payload, self.world_size, self.bundle = name, payload, world_size, bundle
         self.use_gpu = "GPU" in bundle
-        self.output, self.stall_timeout, self.label, self.cancel = output, stall_timeout, label, cancel
+        self.stall_timeout, self.label, self.cancel = stall_timeout, label, cancel
+        self.restart, self.max_restarts = attempt
         self.run_id = f"nbhelpers-ray-{os.getpid()}-{time.time_ns()}"
         self.pg = self.outbox = self.take = None
         self.dead_ranks, self.started = set(), set()
         self.actors = []  # in bundle order
         self.by_rank = []  # actors in rank order
         self.places = []  # where() of each rank, in rank order
-        self.printers, self.tails = {}, collections.defaultdict(lambda: collections.deque(maxlen=40))
-        self.snapshots = {}  # rank -> (when it arrived, its stacks) sent by a silent rank
+        self.printers = Printers(output, label)
+        self.watch = ProgressWatch(range(world_size), stall_timeout) if stall_timeout is not None else None
 
     def run(self) -> list:
         try:
@@ -371,11 +372,13 @@ class _RayLaunch:
         master_port = self._get(self.by_rank[0].free_port.remote(), "finding a free port on rank 0's node",
                                 START_TIMEOUT_S)
         payload = ray.put(self.payload)  # stored once, fetched by each node
+        snapshot_every = self.watch.snapshot_every if self.watch is not None else None
         self.refs = {}
         for rank, (actor, (_, placement)) in enumerate(zip(self.by_rank, layout)):
-            environ = torchrun_environment(rank, self.world_size, master_port, self.run_id)
+            environ = torchrun_environment(rank, self.world_size, master_port, self.run_id, self.restart,
+                                           self.max_restarts)
             environ.update(placement)
-            ref = actor.run.remote(rank, payload, environ, os.getcwd(), list(sys.path), self.stall_timeout)
+            ref = actor.run.remote(rank, payload, environ, os.getcwd(), list(sys.path), snapshot_every)
             self.refs[ref] = rank
 
     def _get(self, refs, doing: str, timeout: float | None):
@@ -399,31 +402,35 @@ class _RayLaunch:
         outcomes = {}
         pending = dict(self.refs)
         self.take = self.outbox.take.remote(OUTPUT_POLL_S)
-        launched = last_progress = time.monotonic()
+        launched = time.monotonic()
         while pending:
             if self.cancel is not None and self.cancel.is_set():  # the take answers twice a second: noticed then
-                return outcomes, CancelledError(f"{self.label or self.name} was cancelled; its ranks were stopped")
+                return outcomes, cancelled(self.label or self.name)
             timeout = None
-            if self.stall_timeout is not None:
+            if self.watch is not None:
                 starting = len(self.started) < self.world_size
-                deadline = launched + self._start_limit() if starting else last_progress + self.stall_timeout
+                if not starting and self.watch.stalled():
+                    return outcomes, self._stalled()
+                deadline = launched + self._start_limit() if starting else self.watch.deadline()
                 timeout = max(0.0, deadline - time.monotonic())
             ready, _ = ray.wait([self.take, *pending], num_returns=1, timeout=timeout)
             if not ready:
-                return outcomes, self._stalled()
+                if len(self.started) < self.world_size or self.watch.stalled():
+                    return outcomes, self._stalled()
+                continue
             ref = ready[0]
             if ref == self.take:
-                if self._print_taken(next_wait=OUTPUT_POLL_S):
-                    last_progress = time.monotonic()
+                self._print_taken(next_wait=OUTPUT_POLL_S)
                 continue
             rank = pending.pop(ref)
-            last_progress = time.monotonic()
             try:
                 outcomes[rank] = read_outcome(ray.get(ref))
             except ray.exceptions.RayActorError as exc:
                 self.dead_ranks.add(rank)
                 self._drain_output()
                 return outcomes, self._rank_died(rank, exc)
+            if self.watch is not None:
+                self.watch.done(rank)
             self._drain_output()  # the rank returned only once its last output had reached the outbox
             if not outcomes[rank].ok:
                 return outcomes, failure_error(outcomes[rank], rank=rank, world_size=self.world_size, name=self.name,
@@ -431,14 +438,11 @@ class _RayLaunch:
         self._drain_output()
         return outcomes, None
 
-    def _print_taken(self, next_wait: float) -> bool:
+    def _print_taken(self, next_wait: float) -> None:
         """Print what the pending take brought (waiting for it), and start the next take."""
-        import ray
-
         items = self._get(self.take, "taking the ranks' output from the outbox actor", self.stall_timeout)
         self.take = self.outbox.take.remote(next_wait)
         self._receive(items)
-        return any(stream in ("started", "stdout", "stderr") for _, stream, _ in items)  # a snapshot is none
 
     def _drain_output(self):
         self._print_taken(next_wait=0)  # what the pending take holds, then what arrived since
@@ -446,22 +450,19 @@ class _RayLaunch:
 
     def _receive(self, items):
         """Note what the ranks reported (started, a stack snapshot) and print their output."""
+        now = time.monotonic()
         for rank, stream, data in items:
-            if stream == "snapshot":
-                self.snapshots[rank] = (time.monotonic(), data.decode(errors="replace"))
             if stream == "started":
                 self.started.add(rank)
-            if stream not in ("stdout", "stderr"):
-                continue
-            key = (rank, stream)
-            if key not in self.printers:
-                show = self.output == "all" or rank == 0
-                self.printers[key] = PrefixedPrinter(rank, stream, show, self.tails[rank], run=self.label)
-            self.printers[key].feed(data)
-
-    def _finish_printing(self):
-        for printer in self.printers.values():
-            printer.finish()
+                if self.watch is not None:
+                    self.watch.output(rank, now)  # its clock starts now
+            elif stream == "snapshot" and self.watch is not None:
+                text = data.decode(errors="replace")
+                self.watch.snapshot(rank, text, main_thread_stack(text), now)
+            elif stream in ("stdout", "stderr"):
+                if self.watch is not None:
+                    self.watch.output(rank, now)
+                self.printers.feed(rank, stream, data)
 
     # -- fail -----------------------------------------------------------------------------------
     def _where(self, rank) -> str:
@@ -469,13 +470,12 @@ class _RayLaunch:
         return f"node {place['ip']} (node id {place['node_id'][:8]}), pid {place['pid']}"
 
     def _rank_died(self, rank, exc) -> DistributedError:
-        self._finish_printing()
-        tail = "".join(self.tails[rank]) or "(no output)\n"
+        self.printers.finish()
         cause = str(exc).strip()
         return DistributedError(
             f"rank {rank} of {self.world_size} died without returning from {self.name}() on {self._where(rank)} "
             f"(killed, out of memory, os._exit, or its node was lost). The other ranks were stopped.\n"
-            f"Ray says: {cause}\nLast output of rank {rank}:\n{tail}",
+            f"Ray says: {cause}\nLast output of rank {rank}:\n{self.printers.tail(rank)}",
             rank=rank,
         )
 
@@ -486,7 +486,8 @@ class _RayLaunch:
     def _stalled(self) -> DistributedError:
         import ray
 
-        not_started = [str(r) for r in range(self.world_size) if r not in self.started]
+        not_started = [r for r in range(self.world_size) if r not in self.started]
+        stalled = self.watch.quiet()
         self.outbox.command.remote("stacks")
         stacks, deadline = {}, time.monotonic() + STACK_WAIT_S
         while len(stacks) < self.world_size and time.monotonic() < deadline:
@@ -501,19 +502,18 @@ class _RayLaunch:
             self._receive(items)
         now = time.monotonic()
         for r in range(self.world_size):
-            if r not in stacks and r in self.snapshots:
-                when, text = self.snapshots[r]
+            if r not in stacks and r in self.watch.stacks:
                 stacks[r] = (f"(no answer within {STACK_WAIT_S:.0f} s; its stacks as it sent them "
-                             f"{now - when:.0f} s ago, while it printed nothing:)\n{text.strip()}")
+                             f"{now - self.watch.snapshot_at[r]:.0f} s ago, while it printed nothing:)\n"
+                             f"{self.watch.stacks[r].strip()}")
+        if not not_started:
+            return stall_error(self.name, self.world_size, self.stall_timeout, stalled, stacks)
         text = "\n".join(f"--- rank {r} ---\n{stacks.get(r, '(no stack: not responding)')}"
                          for r in range(self.world_size))
-        if not_started:
-            what = (f"rank {', '.join(not_started)} of {self.name}() had not started "
-                    f"{self._start_limit():.0f} s after the launch (a busy cluster, or one "
-                    f"that cannot start their processes: `ray status` shows it)")
-        else:
-            what = f"no rank of {self.name}() made progress (no output) for {self.stall_timeout} s"
-        return DistributedError(f"{what}; all {self.world_size} ranks were killed. Their Python stacks:\n{text}")
+        return DistributedError(
+            f"rank {', '.join(map(str, not_started))} of {self.name}() had not started {self._start_limit():.0f} s "
+            f"after the launch (a busy cluster, or one that cannot start their processes: `ray status` shows it); "
+            f"all {self.world_size} ranks were killed. Their Python stacks:\n{text}", rank=not_started[0])
 
     # -- stop -----------------------------------------------------------------------------------
     def _stop_all(self):
@@ -524,12 +524,12 @@ class _RayLaunch:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         cleaned = self._clean_up_through_ranks() if self.places else set()
-        self._finish_printing()
+        self.printers.finish()
         for actor in self.actors:
             with contextlib.suppress(Exception):
                 ray.kill(actor, no_restart=True)
         # A node where no rank answered (it died, or never started): a task there does it.
-        killer = ray.remote(num_cpus=0, max_retries=0)(kill_launch_processes)
+        killer = ray.remote(num_cpus=0, max_retries=0)(stop_launch_processes)
         refs = [killer.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(self.run_id)
                 for node in dict.fromkeys(p["node_id"] for p in self.places) if node not in cleaned]
         with contextlib.suppress(Exception):

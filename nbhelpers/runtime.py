@@ -1,7 +1,9 @@
 """Rank and device facts for code running under `@distributed`, torchrun or Ray.
 
 Everything here reads the torchrun environment (RANK, LOCAL_RANK, WORLD_SIZE), so it answers
-correctly before and after `init_process_group`, and as rank 0 of 1 in a plain process.
+correctly before and after `init_process_group`, and as rank 0 of 1 in a plain process. Code written for
+serverless_gpu's `runtime` module (`rt.get_global_rank()`, `rt.get_local_rank()`, `rt.get_world_size()`) runs with
+`from nbhelpers import runtime as rt`.
 """
 from __future__ import annotations
 
@@ -11,6 +13,9 @@ import os
 def get_rank() -> int:
     """Global rank of this process (0 outside a distributed launch)."""
     return int(os.environ.get("RANK", 0))
+
+
+get_global_rank = get_rank  # serverless_gpu.runtime's name for it
 
 
 def get_local_rank() -> int:

@@ -7,10 +7,13 @@ two ranks always land on two different nodes.
 import concurrent.futures
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -18,7 +21,7 @@ import ray
 import torch
 import torch.distributed as dist
 from ray_cluster import connect, start_loopback_cluster, stop_loopback_cluster
-from stall_checks import assert_a_stall_names_every_ranks_stack
+from launcher_checks import assert_a_stall_names_every_ranks_stack
 from timed_stream import TimedStream
 
 from nbhelpers import DistributedError, distributed
@@ -163,6 +166,25 @@ def test_a_rank_too_slow_to_answer_after_a_stall_is_shown_by_the_stack_it_sent_w
     assert_nothing_left()
 
 
+def _waits_in_all_reduce_while_rank_1_talks(seconds):
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 0:
+        dist.all_reduce(torch.ones(1))  # rank 1 never joins: this waits for ever
+    for i in range(int(seconds / 0.5)):
+        print(f"still busy ({i})", flush=True)
+        time.sleep(0.5)
+
+
+def test_a_rank_stuck_in_a_collective_is_a_stall_while_another_rank_keeps_printing():
+    with pytest.raises(DistributedError) as caught:
+        distributed(stall_timeout=6, engine="ray")(_waits_in_all_reduce_while_rank_1_talks).distributed(90)
+    message = str(caught.value)
+    assert message.startswith("rank 0 of _waits_in_all_reduce_while_rank_1_talks() made no progress (no output, "
+                              "no change in its Python stack) for 6 s while rank 1 went on"), message
+    assert "all_reduce" in message.split("--- rank 0 ---")[1].split("--- rank 1 ---")[0], message
+    assert_nothing_left()
+
+
 def test_a_ray_cluster_that_stops_answering_is_a_stall_too(monkeypatch):
     out = TimedStream()
     monkeypatch.setattr(sys, "stdout", out)
@@ -207,6 +229,63 @@ def test_remote_true_runs_on_the_attached_ray_cluster(capsys):
     assert [rank for rank, _ in results] == ["0", "1"] and results[0][1] != results[1][1]
     assert "gpu_type='H100' ignored: the Ray cluster has no GPU" in capsys.readouterr().err
     assert_nothing_left()
+
+
+RAY_LAUNCH_CELL = """
+import ray
+from serverless_gpu.ray import ray_launch
+
+@ray.remote(num_cpus=1)  # schedule on a worker, not the head node
+class TaskRunner:
+    def run(self):
+        return ray.get_runtime_context().get_node_id()
+
+@ray_launch(gpus=2, gpu_type='A10', remote=True)
+def read_uc_multinode():
+    runner = TaskRunner.remote()
+    return ray.get(runner.run.remote()), len(ray.nodes())
+
+ds = read_uc_multinode.distributed()
+"""
+
+
+def test_a_ray_launch_cell_drives_the_attached_cluster_with_only_the_import_changed(capsys):
+    namespace = {}
+    cell = RAY_LAUNCH_CELL.replace("from serverless_gpu.ray import ray_launch", "from nbhelpers import ray_launch")
+    exec(compile(cell, "<a serverless_gpu ray_launch cell>", "exec"), namespace)
+    node_id, nodes = namespace["ds"]
+    assert nodes == 2 and node_id in {n["NodeID"] for n in ray.nodes()}
+    assert "the attached Ray cluster has no GPU, so gpus=2 and gpu_type='A10' are ignored" in capsys.readouterr().err
+    assert_nothing_left()
+
+
+LOCAL_RAY_LAUNCH = """
+import ray
+from nbhelpers import ray_launch
+
+@ray_launch(gpus=1)
+def count_nodes(x):
+    @ray.remote
+    def square(v):
+        return v * v
+    return ray.get(square.remote(x)), ray.cluster_resources()["CPU"]
+
+print("result", count_nodes.distributed(7), ray.is_initialized())
+"""
+
+
+def test_ray_launch_without_remote_starts_a_ray_of_its_own_and_shuts_it_down(ray_cluster):
+    scratch = Path(tempfile.mkdtemp(prefix="rayl-", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
+    (scratch / "ray_bootstrap_config.yaml").write_text("{}\n")  # no cloud metadata probes (tests/ray_cluster.py)
+    env = {k: v for k, v in ray_cluster.items() if k != "RAY_ADDRESS"} | {"HOME": str(scratch), "RAY_TMPDIR": str(scratch)}
+    try:
+        proc = subprocess.run([sys.executable, "-c", LOCAL_RAY_LAUNCH], env=env, capture_output=True, text=True,
+                              timeout=300)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "result (49, 1.0) False" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+    assert "@ray_launch: a Ray on this machine with 0 GPU(s), 1 CPU(s) for count_nodes()" in proc.stderr
 
 
 def test_cancelling_a_ray_run_in_the_background_stops_its_ranks(monkeypatch):

@@ -1,0 +1,344 @@
+"""What both engines of `@distributed` do the same way on the notebook's side (nbhelpers.local_engine,
+nbhelpers.ray_engine): one copy of each.
+
+- The error: one `DistributedError` names the failing rank, how it failed and its traceback (`failure_error`).
+- The environment: `torchrun_environment` gives each rank what torchrun would (RANK, WORLD_SIZE, ...).
+- The output: `Printers` print each rank's streams into the cell, line by line, prefixed `[rank N]`.
+- The GPUs asked for: `gpu_type_matches` compares serverless_gpu's `gpu_type` (or databricks.air's
+  `accelerator_type`) with GPU product names.
+- Stalls: `ProgressWatch` keeps, per rank, when it last made progress (its own output, or a change in its main
+  thread's Python stack between two snapshots); `stall_error` is the report with every rank's stacks.
+- The clean-up: every process of a launch carries its id in NBHELPERS_LAUNCH_ID (children inherit it, in
+  whatever process group or session they end up); `stop_launch_processes` ends those left on this node.
+
+What travels to and from a rank (the call, its Outcome) is nbhelpers.payload. Nothing here imports the
+engines, the decorator (nbhelpers.launcher) or torch.
+"""
+from __future__ import annotations
+
+import codecs
+import collections
+import contextlib
+import os
+import re
+import signal
+import sys
+import time
+from concurrent.futures import CancelledError
+
+DEFAULT_CPU_PROCESSES = 2  # ranks without GPUs when `gpus` is not given
+
+
+class DistributedError(RuntimeError):
+    """A rank failed, was killed, or the ranks stalled. `rank`, `exitcode`, `signal_name` and
+    `remote_traceback` say which and how; after restarts (`max_restarts`), `attempts` lists each attempt's error."""
+
+    def __init__(self, message, *, rank=None, exitcode=None, signal_name=None, remote_traceback=None, attempts=()):
+        super().__init__(message)
+        self.rank = rank
+        self.exitcode = exitcode
+        self.signal_name = signal_name
+        self.remote_traceback = remote_traceback
+        self.attempts = list(attempts)
+
+
+def check_count(gpus) -> None:
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise ValueError(f"gpus must be a whole number >= 1 (or None for every visible GPU), got {gpus!r}")
+
+
+def cancelled(name: str) -> CancelledError:
+    return CancelledError(f"{name} was cancelled; its ranks were stopped")
+
+
+class RankResults(list):
+    """The ranks' return values in rank order, and `system_metrics`: what the launch measured of them
+    (nbhelpers.system_metrics' summary, one value per rank; None where the engine does not sample)."""
+
+    def __init__(self, values, system_metrics: dict | None = None):
+        super().__init__(values)
+        self.system_metrics = system_metrics
+
+
+# ---------------------------------------------------------------------------------------------------
+# The environment
+
+def torchrun_environment(rank: int, world_size: int, port: int, run_id: str, restart: int = 0,
+                         max_restarts: int = 0) -> dict:
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(world_size),
+        "GROUP_RANK": "0",
+        "ROLE_RANK": str(rank),
+        "ROLE_WORLD_SIZE": str(world_size),
+        "ROLE_NAME": "default",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "TORCHELASTIC_RUN_ID": run_id,  # frameworks (Lightning, accelerate) read it as "already launched"
+        "TORCHELASTIC_RESTART_COUNT": str(restart),  # as torchrun: which attempt this is (0: the first)
+        "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
+        "PYTHONUNBUFFERED": "1",
+        "NBHELPERS_LAUNCH_ID": run_id,  # inherited by all a rank starts: how leftovers are found
+    }
+
+
+# ---------------------------------------------------------------------------------------------------
+# The GPUs asked for
+
+def gpu_type_name(gpu_type) -> str:
+    """serverless_gpu's gpu_type ("H100", "a10", a GPUType member) or databricks.air's accelerator_type
+    ("GPU_8xH100", "GPU_1xA10") as the product-name word(s) to look for: "h100", "a10"."""
+    text = str(getattr(gpu_type, "value", gpu_type))
+    return re.sub(r"^gpu_\d+x", "", text.strip().lower())
+
+
+def gpu_type_matches(gpu_type, name: str) -> bool:
+    """Whether a GPU of product name `name` ("NVIDIA H200", "Tesla V100-SXM2-32GB") is a `gpu_type`."""
+    words = lambda text: set(re.findall(r"[a-z0-9]+", text.lower()))  # noqa: E731
+    return words(gpu_type_name(gpu_type)) <= words(name)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The error
+
+def failure_error(outcome, *, rank: int, world_size: int, name: str, context: str = "") -> DistributedError:
+    """The error for a rank whose call raised (or whose return value cannot be loaded here); `context`
+    (ending in a newline) goes before the traceback."""
+    remote_tb = with_cell_names(outcome.traceback)
+    if outcome.unloadable:
+        return DistributedError(
+            f"rank {rank} of {world_size} returned from {name}(), but its return value cannot be loaded in this "
+            f"process: {outcome.summary}. The rank built it from a class or function of a module this process "
+            "does not have. Return plain types (numbers, strings, lists, dicts, tensors), or define the class in "
+            f"a module that both the notebook and the ranks import.\n{context}The other ranks were stopped. "
+            f"Traceback of the load:\n{remote_tb}",
+            rank=rank, exitcode=0, remote_traceback=remote_tb,
+        )
+    return DistributedError(
+        f"rank {rank} of {world_size} failed in {name}(): {outcome.summary}\n{context}"
+        f"The other ranks were stopped. Traceback from rank {rank}:\n{remote_tb}",
+        rank=rank, exitcode=1, remote_traceback=remote_tb,
+    )
+
+
+def with_cell_names(traceback_text: str) -> str:
+    """In a notebook: `File "/tmp/ipykernel_1234/567.py", line 7` becomes `Cell In[3], line 7`, as in
+    the kernel's own tracebacks (IPython knows which cell each such file name is)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    compiler = getattr(shell, "compile", None)
+    if compiler is None or not hasattr(compiler, "format_code_name"):
+        return traceback_text
+
+    def cell(match):
+        label = compiler.format_code_name(match.group(1))
+        return f"  {label[0]} {label[1]}, line" if label else match.group(0)
+
+    return re.sub(r'^  File "([^"]+)", line', cell, traceback_text, flags=re.MULTILINE)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The output
+
+class PrefixedPrinter:
+    """Writes one rank's stream into this process's stdout/stderr, each line prefixed `[rank N]` (with the
+    run's name first for a launch in the background: `[train#2 rank N]`).
+
+    A line ends at "\\n" or at "\\r" (progress bars redraw their line with "\\r"), so a tqdm bar on a
+    rank still updates in place in the cell.
+    """
+
+    def __init__(self, rank, stream, show, tail, run: str | None = None):
+        self.prefix = f"[{run} rank {rank}] " if run else f"[rank {rank}] "
+        self.stream = stream
+        self.show = show
+        self.tail = tail
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.pending = ""
+        self.after_cr = False
+
+    def feed(self, data: bytes):
+        self.pending += self.decoder.decode(data)
+        out = []
+        start = 0
+        for i, ch in enumerate(self.pending):
+            if ch in "\n\r":
+                segment = self.pending[start:i + 1]
+                start = i + 1
+                if segment == "\n" and self.after_cr:  # "\r\n" is one line end
+                    out.append("\n")
+                else:
+                    out.append(self.prefix + segment)
+                    if ch == "\n":
+                        self.tail.append(self.prefix + segment)
+                self.after_cr = ch == "\r"
+        self.pending = self.pending[start:]
+        if len(self.pending) > 8192:  # a very long line without an end: show it anyway
+            out.append(self.prefix + self.pending)
+            self.pending = ""
+        self._write("".join(out))
+
+    def finish(self):
+        self.pending += self.decoder.decode(b"", final=True)
+        if self.pending:
+            self.tail.append(self.prefix + self.pending + "\n")
+            self._write(self.prefix + self.pending + "\n")
+            self.pending = ""
+
+    def _write(self, text: str):
+        if text and self.show:
+            target = sys.stdout if self.stream == "stdout" else sys.stderr
+            target.write(text)
+            target.flush()
+
+
+class Printers:
+    """One PrefixedPrinter per (rank, stream) of a launch, made on first use; `tails[rank]` keeps a rank's last
+    40 lines (shown in errors even where output="rank0" hides them)."""
+
+    def __init__(self, output: str, label: str | None):
+        self.output, self.label = output, label
+        self.printers = {}
+        self.tails = collections.defaultdict(lambda: collections.deque(maxlen=40))
+
+    def feed(self, rank: int, stream: str, data: bytes) -> None:
+        key = (rank, stream)
+        if key not in self.printers:
+            show = self.output == "all" or rank == 0
+            self.printers[key] = PrefixedPrinter(rank, stream, show, self.tails[rank], run=self.label)
+        self.printers[key].feed(data)
+
+    def finish(self, rank: int | None = None) -> None:
+        for (r, _), printer in self.printers.items():
+            if rank is None or r == rank:
+                printer.finish()
+
+    def tail(self, rank: int) -> str:
+        return "".join(self.tails[rank]) or "(no output)\n"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Stalls
+
+class ProgressWatch:
+    """When each rank last made progress: its own output (shown in the cell or not), or a change in its main
+    thread's Python stack between two snapshots. A rank with none for `stall_timeout` seconds is stalled,
+    whatever the other ranks do: a rank stuck in a collective while another keeps printing is a stall too.
+
+    Precondition: the engine sends each rank's output to `output` and a snapshot of its stacks at least every
+    `snapshot_every` seconds to `snapshot` (the first snapshot only sets the reference to compare with).
+    """
+
+    def __init__(self, ranks, stall_timeout: float, now: float | None = None):
+        now = time.monotonic() if now is None else now
+        self.stall_timeout = stall_timeout
+        self.last_progress = {rank: now for rank in ranks}
+        self.stacks = {}  # rank -> its last snapshot, whole
+        self.main_stacks = {}  # rank -> its main thread's stack in that snapshot
+        self.snapshot_at = {}
+
+    @property
+    def snapshot_every(self) -> float:
+        # two snapshots fit well inside the timeout: a rank that moves is seen to move before it counts as stalled
+        return max(0.2, self.stall_timeout / 4)
+
+    def output(self, rank: int, now: float | None = None) -> None:
+        self.last_progress[rank] = time.monotonic() if now is None else now
+
+    def snapshot(self, rank: int, stacks: str, main_stack: str, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        if rank in self.main_stacks and main_stack != self.main_stacks[rank]:
+            self.last_progress[rank] = now
+        self.stacks[rank], self.main_stacks[rank], self.snapshot_at[rank] = stacks, main_stack, now
+
+    def done(self, rank: int) -> None:
+        """The rank has returned (or ended): it is watched no longer."""
+        self.last_progress.pop(rank, None)
+
+    def deadline(self) -> float:
+        """When the first rank will count as stalled if none of them makes progress meanwhile."""
+        return min(self.last_progress.values(), default=float("inf")) + self.stall_timeout
+
+    def stalled(self, now: float | None = None) -> list[int]:
+        now = time.monotonic() if now is None else now
+        return sorted(r for r, at in self.last_progress.items() if now - at >= self.stall_timeout)
+
+    def quiet(self, now: float | None = None) -> list[int]:
+        """For a stall's report: the ranks without progress for half the timeout (those with more recent
+        progress went on); ranks that stalled a moment apart count as stalled together."""
+        now = time.monotonic() if now is None else now
+        return sorted(r for r, at in self.last_progress.items() if now - at >= self.stall_timeout / 2)
+
+
+def main_thread_stack(stacks: str, thread_id: str | None = None) -> str:
+    """The section of a stack dump that belongs to the main thread: in faulthandler's dump, the thread whose id
+    is `thread_id` ("0x00007f..."); in a dump of traceback.format_stack sections, "Thread MainThread:". The whole
+    dump where neither is found."""
+    sections, current = {}, None
+    for line in stacks.splitlines():
+        if line and not line[0].isspace():
+            current = line
+            sections[current] = []
+        elif current is not None:
+            sections[current].append(line)
+    for header, lines in sections.items():
+        if (thread_id and thread_id in header) or (not thread_id and header.startswith("Thread MainThread")):
+            return "\n".join(lines)
+    return stacks
+
+
+def stall_error(name: str, world_size: int, stall_timeout: float, stalled: list[int], stacks: dict) -> DistributedError:
+    """The report of a stall: which ranks made no progress, and every rank's Python stacks (`stacks`: rank ->
+    text, or missing where a rank did not answer)."""
+    how = "no output, no change in its Python stack"
+    if len(stalled) == world_size:
+        what = f"no rank of {name}() made progress ({how}) for {stall_timeout} s"
+    else:
+        went_on = [r for r in range(world_size) if r not in stalled]
+        what = (f"rank {', '.join(map(str, stalled))} of {name}() made no progress ({how}) for {stall_timeout} s "
+                f"while rank {', '.join(map(str, went_on))} went on")
+    text = "\n".join(f"--- rank {r} ---\n{(stacks.get(r) or '(no stack: not responding)').strip()}"
+                     for r in range(world_size))
+    return DistributedError(f"{what}; all {world_size} ranks were killed. Their Python stacks:\n{text}",
+                            rank=stalled[0])
+
+
+# ---------------------------------------------------------------------------------------------------
+# The clean-up
+
+def launch_processes(launch_id: str, spare=()) -> list:
+    """The processes of this node whose environment carries the launch id (psutil.Process), but `spare` and this
+    process."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if p.pid not in (*spare, os.getpid()) and p.environ().get("NBHELPERS_LAUNCH_ID") == launch_id:
+                found.append(p)
+    return found
+
+
+def stop_processes(processes, grace: float = 0.0, also=lambda sig: None) -> None:
+    """SIGTERM, then after `grace` seconds SIGKILL, what is still running of `processes` (psutil.Process);
+    `also(sig)` is called with each signal (to signal process groups as well). grace 0: SIGKILL at once."""
+    import psutil
+
+    for sig in ((signal.SIGTERM, signal.SIGKILL) if grace > 0 else (signal.SIGKILL,)):
+        also(sig)
+        for p in processes:
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(sig)
+        _, processes = psutil.wait_procs(processes, timeout=grace if sig == signal.SIGTERM else 5)
+        if not processes:
+            return
+
+
+def stop_launch_processes(launch_id: str, spare=(), grace: float = 0.0) -> int:
+    """End every process of this node that carries the launch id (but `spare` and this process), in whatever
+    process group or session it is; return how many there were."""
+    found = launch_processes(launch_id, spare)
+    stop_processes(found, grace)
+    return len(found)
