@@ -13,6 +13,9 @@ The rules:
 - `newest_verified` checks every file against its manifest, newest checkpoint first; it falls back to
   the previous complete one and says why; if checkpoints exist but none verifies, it raises a
   `CheckpointError` naming each folder, what is wrong, and what to do.
+- A save that fills the disk raises one CheckpointError saying so (errno 28 from any rank), which checkpoint is
+  left unfinished, and that a rerun resumes from the last complete one.
+- `refuse_to_start_over` stops a fresh run (not resuming) that would write over an earlier run's checkpoints.
 - `rotate` keeps the newest `keep` and never deletes the newest verified checkpoint.
 - A folder someone else wrote (HF Trainer's `checkpoint-N`, a DeepSpeed tag, a folder reported to Ray
   Train) is sealed once it is complete: `seal(folder)`; `trainer_callback()` does that for a Trainer.
@@ -35,6 +38,7 @@ with probability 2^-32; sizes catch truncation. It guards against accidents, not
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -74,8 +78,19 @@ def saving(folder, metadata: dict | None = None, *, keep: int | None = None, no_
         partial.mkdir(parents=True)
 
     _on_rank0(dist, start)
-    yield partial
-    _seal(partial, metadata, dist)
+    try:
+        yield partial
+        _seal(partial, metadata, dist)
+    except BaseException as error:
+        full = disk_full(error, partial)
+        if full is None:
+            raise
+        raise CheckpointError(
+            f"checkpoint {folder.name} could not be written: the disk of {folder.parent} is full ({full}). It is left "
+            f"unfinished as {partial.name}, which nothing resumes from. What to do: free space on that disk (or use an "
+            f"output_dir on a larger one) and run the same command again: it resumes from "
+            f"{_newest_complete(folder.parent, _family(folder.name)) or 'the start (no checkpoint is complete yet)'}."
+        ) from error
 
     def publish():
         _replace(partial, folder)
@@ -83,6 +98,43 @@ def saving(folder, metadata: dict | None = None, *, keep: int | None = None, no_
             rotate(folder.parent, keep, _family(folder.name), verified=folder)
 
     _on_rank0(dist, publish)
+
+
+def refuse_to_start_over(parent, pattern: str = "*") -> None:
+    """A run that starts afresh (resume_from_checkpoint false) into `parent`, which holds an earlier run's
+    checkpoints: FileExistsError saying what to do, before anything is overwritten."""
+    found = _checkpoints(Path(parent), pattern)
+    if found:
+        raise FileExistsError(f"{parent} holds the checkpoints of an earlier run ({found[0].name}, ...): resume from "
+                              "them (resume_from_checkpoint true), or pass another output_dir, or delete them")
+
+
+def disk_full(error: BaseException, folder) -> str | None:
+    """How `error` (or what it wraps: its causes, a CheckpointException's failures on other ranks) says the disk
+    of `folder` is full; None if it does not. errno 28 anywhere counts, and so does a write that stopped short
+    ("unexpected pos", torch.save's zip writer) while the disk has less than 64 MiB free."""
+    seen, pending, short_write = set(), [(error, None)], None
+    while pending:
+        exc, rank = pending.pop()
+        if exc is None or id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        pending.extend([(exc.__cause__, rank), (exc.__context__, rank)])
+        failures = getattr(exc, "failures", None)  # torch.distributed.checkpoint's CheckpointException: by rank
+        if isinstance(failures, dict):
+            pending.extend((wrapped[0], r) for r, wrapped in failures.items() if isinstance(wrapped, tuple))
+            continue
+        where = f" on rank {rank}" if rank is not None else ""
+        if getattr(exc, "errno", None) == errno.ENOSPC or "No space left on device" in str(exc):
+            return f"errno 28, No space left on device{where}"
+        if short_write is None and "unexpected pos" in str(exc):
+            short_write = f"a write stopped short{where}: {str(exc).strip().splitlines()[-1][:120]}"
+    if short_write is not None:
+        existing = next(p for p in [Path(folder), *Path(folder).parents] if p.exists())
+        free = shutil.disk_usage(existing).free
+        if free < 64 * 2**20:
+            return f"{short_write}, with {free / 2**20:.1f} MiB free"
+    return None
 
 
 def seal(folder, metadata: dict | None = None, *, no_dist: bool = False) -> Path:
@@ -380,6 +432,11 @@ def _read_manifest(folder: Path) -> tuple[dict | None, str | None]:
 def _unusable(folder: Path, problem: str) -> str:
     return (f"checkpoint {folder} cannot be used: {problem}. What to do: delete {folder} (resuming then takes the "
             "checkpoint before it, or starts fresh), or restore it from a copy.")
+
+
+def _newest_complete(parent: Path, pattern: str) -> Path | None:
+    """The newest checkpoint with a manifest (its files are not checked: a resume verifies them)."""
+    return next((p for p in _checkpoints(parent, pattern) if _read_manifest(p)[1] is None), None)
 
 
 def _verifies(folder: Path) -> bool:

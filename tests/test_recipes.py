@@ -203,8 +203,17 @@ FSDP2_CHECKPOINTS = textwrap.dedent("""
         checkpoints.open = open_on_a_full_disk
         try:
             train.save_checkpoint(model, optimizer, 4, [2.0, 1.0], folders[0], keep=3)
-        except OSError as error:
+        except checkpoints.CheckpointError as error:
             print(f"step 4: {error}", flush=True)
+        del checkpoints.open
+        # and while the shards are written: torch.distributed.checkpoint gathers the ranks' errors
+        def write_data_on_a_full_disk(self, *args, **kwargs):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        train.dcp.FileSystemWriter.write_data = write_data_on_a_full_disk
+        try:
+            train.save_checkpoint(model, optimizer, 6, [2.0, 1.0, 0.5], folders[0], keep=3)
+        except checkpoints.CheckpointError as error:
+            print(f"step 6: {error}", flush=True)
     else:  # saves step 2 again (new weights), and is killed while its shards are half written
         real_save = train.dcp.save
         def save_and_be_killed(state, checkpoint_id):
@@ -234,7 +243,13 @@ def test_fsdp2_checkpoints_survive_a_full_disk_at_the_marker_and_a_killed_resave
     first = fsdp2_checkpoints(tmp_path, "save-then-disk-full", disk_full)
     second = fsdp2_checkpoints(tmp_path, "save-then-killed-resave", killed)
     output = first.communicate(timeout=180)[0]
-    assert first.returncode == 0 and "step 4: [Errno 28] No space left on device" in output, output
+    assert first.returncode == 0, output
+    for step in (4, 6):  # the disk fills at the marker, then in the shards: one error says what happened and what to do
+        assert (f"step {step}: checkpoint step_000000{step} could not be written: the disk of {disk_full} is full "
+                f"(errno 28, No space left on device{' on rank 0' if step == 6 else ''}). It is left unfinished as "
+                f"step_000000{step}.tmp, which nothing resumes from. What to do: free space on that disk (or use an "
+                f"output_dir on a larger one) and run the same command again: it resumes from {disk_full}/step_0000002."
+                in output), output
     saved_a = output.split("saved step 2 weights ")[1].split()[0]
     saved_b = second.stdout.readline().split("saved step 2 weights ")[1].strip()
     assert second.stdout.readline().strip() == "half written"
@@ -246,6 +261,21 @@ def test_fsdp2_checkpoints_survive_a_full_disk_at_the_marker_and_a_killed_resave
     assert restart.returncode == 0, output
     assert f"resumed disk_full step 2 losses [2.0] weights {saved_a}" in output  # the complete one before
     assert f"resumed killed step 2 losses [2.0] weights {saved_b}" in output  # the old complete step 2, whole
+
+
+def test_a_fresh_fsdp2_run_into_an_earlier_runs_checkpoints_is_refused_before_anything_loads(tmp_path):
+    earlier = tmp_path / "out" / "checkpoints" / "step_0000006"
+    earlier.mkdir(parents=True)
+    checkpoints.seal(earlier, {"step": 6}, no_dist=True)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
+               str(RECIPES / "fsdp2_qwen3_multinode" / "train.py"), "--output_dir", str(tmp_path / "out"),
+               "--model_name_or_path", str(tmp_path / "no-model-needed"), "--resume_from_checkpoint", "false"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+    assert proc.returncode != 0
+    assert (f"FileExistsError: {tmp_path}/out/checkpoints holds the checkpoints of an earlier run (step_0000006, ...): "
+            "resume from them (resume_from_checkpoint true), or pass another output_dir, or delete them") in proc.stderr
+    assert checkpoints.verify(earlier) == {"step": 6}
 
 
 def test_packed_sample_has_the_same_loss_as_alone(standin):

@@ -52,13 +52,15 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch
 
 def main():
     args = parse_args(HERE, __doc__.split("\n")[0])
+    checkpoint_dir = Path(args.output_dir) / "checkpoints"
+    if not args.resume_from_checkpoint:
+        checkpoints.refuse_to_start_over(checkpoint_dir, "step_*")  # before anything loads or is overwritten
     with torchrun_job(RECIPE, args) as (device, tracking):  # process group, seed, lost-node guard, MLflow on rank 0
         model = build_model(args, device)
         sizes = model_sizes(model, args.max_length)  # counted before sharding
         shard_model(model, args, device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay,
                                       betas=(0.9, 0.95), fused=device.type == "cuda")
-        checkpoint_dir = Path(args.output_dir) / "checkpoints"
         resumed = resume(model, optimizer, checkpoint_dir) if args.resume_from_checkpoint else Resumed()
         batches = load_data(args, model.config.vocab_size, device, skip=resumed.step * args.gradient_accumulation_steps)
         run = train(model, optimizer, batches, args, resumed, checkpoint_dir, device, tracking)
