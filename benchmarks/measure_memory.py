@@ -4,7 +4,7 @@
         --micro-batch 4 --technique ddp fsdp2 fsdp2+ckpt zero3 --out results/planner/llama.json
 
 Each technique runs in turn in the same processes (one launch, so the GPU time goes to training), on a
-randomly initialised full-size stand-in (nbhelpers.standins), bf16-mixed, AdamW, random tokens:
+randomly initialised full-size stand-in (tests/standins.py), bf16-mixed, AdamW, random tokens:
   ddp      fp32 weights, DistributedDataParallel, torch.autocast(bfloat16)
   fsdp2    fully_shard per decoder layer and the root, MixedPrecisionPolicy(bf16 params, fp32 reduce)
   zero3    DeepSpeed ZeRO-3, "bf16": {"enabled": true}, the same torch AdamW (no op builds)
@@ -25,13 +25,18 @@ import os
 import time
 from pathlib import Path
 
+import sys
+
 import torch
 import torch.distributed as dist
 
-from nbhelpers import standins
 from nbhelpers.metrics import environment, peak_memory_bytes
 from nbhelpers.plan import plan
-from nbhelpers.trl_cpu import skip_deepspeed_shm_build
+
+TESTS = Path(__file__).resolve().parents[1] / "tests"
+sys.path[:0] = [str(TESTS), str(TESTS / "hooks")]  # the offline stand-ins and the CPU dry run's DeepSpeed fix
+import standins  # noqa: E402
+from cpu_fixes import skip_deepspeed_shm_build  # noqa: E402
 
 PLANNER_KEY = {"ddp": "ddp", "fsdp2": "fsdp", "zero3": "zero3"}
 

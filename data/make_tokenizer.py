@@ -1,8 +1,8 @@
 """Train the stand-ins' byte-level BPE on the text sets of data/ (offline, deterministic).
 
-    python data/make_tokenizer.py       # rewrites nbhelpers/standin_tokenizer.json
+    python data/make_tokenizer.py       # rewrites tests/standin_assets/tokenizer.json
 
-The base vocabulary is shared by every model family; `nbhelpers.standins` adds each family's special
+The base vocabulary is shared by every model family; `tests/standins.py` adds each family's special
 tokens and chat template on top. Digits are split one by one (as Qwen and Llama 3 pre-tokenize
 numbers into short groups), so the arithmetic in the datasets stays learnable by tiny models.
 Run it after data/make_text_datasets.py whenever the text sets change.
@@ -16,7 +16,7 @@ from pathlib import Path
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 DATA = Path(__file__).resolve().parent
-OUT = DATA.parent / "nbhelpers" / "standin_tokenizer.json"
+OUT = DATA.parent / "tests" / "standin_assets" / "tokenizer.json"
 VOCAB_SIZE = 4096
 # Qwen2's pre-tokenization pattern: words with their leading space, single digits, punctuation runs.
 PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"

@@ -209,15 +209,23 @@ def read_metadata(folder) -> dict:
     return manifest["metadata"]
 
 
-def newest_verified(parent, pattern: str = "*", *, no_dist: bool = False) -> Path | None:
+def newest_verified(parent, pattern: str = "*", *, no_dist: bool = False, where=None) -> Path | None:
     """The newest folder in `parent` matching `pattern` whose files all match its manifest; None if there is none.
 
     Checkpoints are ordered by the numbers in their names (step_N, checkpoint-N, dates). A newer one that
     fails is reported on stderr with the reason; if some exist and none verifies, CheckpointError.
+    where: only checkpoints whose metadata it accepts count (e.g. training states, not a final model beside them).
     """
     dist = _dist(no_dist)
     parent = Path(parent)
-    candidates, unfinished = _on_rank0(dist, lambda: (_checkpoints(parent, pattern), _unfinished(parent, pattern)))
+
+    def listing():
+        found = _checkpoints(parent, pattern)
+        if where is not None:
+            found = [f for f in found if (m := _read_manifest(f)[0]) is None or where(m["metadata"])]
+        return found, _unfinished(parent, pattern)
+
+    candidates, unfinished = _on_rank0(dist, listing)
     if unfinished:
         _say(dist, f"ignoring unfinished saves in {parent}: {', '.join(p.name for p in unfinished)}")
     rejected = []

@@ -8,7 +8,7 @@
     python -m nbhelpers.plan qwen3-8b --gpus 2 --gpu-memory 140.4 --micro-batch 4
     python -m nbhelpers.plan qwen3.5-27b --gpus 32 --gpus-per-node 8 --cpu-memory 1800 --json
 
-The model is a stand-in name (nbhelpers.standins.ARCHS: the published configs, so it works offline), a hub
+The model is a name of nbhelpers.model_configs.MODELS (the published configs, so it works offline), a hub
 id, a local folder with config.json, a transformers config or a built model. It is built on the meta
 device (shapes only, no memory). Per GPU and per technique the estimate is
 
@@ -161,7 +161,7 @@ def load_model(model) -> tuple[str, torch.nn.Module]:
     """(name, model on the meta device) from a stand-in name, local folder, hub id, config or built model."""
     from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
-    from nbhelpers import standins
+    from nbhelpers import model_configs
 
     if isinstance(model, torch.nn.Module):
         return getattr(model.config, "name_or_path", "") or type(model).__name__, model
@@ -169,8 +169,8 @@ def load_model(model) -> tuple[str, torch.nn.Module]:
         name, config = getattr(model, "name_or_path", "") or model.model_type, model
     elif not isinstance(model, (str, Path)):
         raise TypeError(f"model must be a stand-in name, hub id, folder, transformers config or model, not {type(model).__name__}")
-    elif str(model) in standins.ARCHS:
-        name, config = str(model), standins.config(str(model), "full")
+    elif str(model) in model_configs.MODELS:
+        name, config = str(model), model_configs.config(str(model))
     elif Path(model).is_dir():
         if not (Path(model) / "config.json").exists():
             raise ValueError(f"{model} is a folder without config.json; point at a model folder (config.json is enough)")
@@ -179,9 +179,9 @@ def load_model(model) -> tuple[str, torch.nn.Module]:
         try:
             name, config = str(model), AutoConfig.from_pretrained(model)
         except Exception as error:  # offline, unknown id, gated repo: all end here
-            like = [arch for arch in standins.ARCHS if arch in str(model).lower()]
-            hint = (f"use the offline stand-in with the same published config: plan({like[0]!r}, ...)" if like else
-                    f"known offline stand-ins: {', '.join(standins.ARCHS)}")
+            like = [name for name in model_configs.MODELS if name in str(model).lower()]
+            hint = (f"use the offline copy of its published config: plan({like[0]!r}, ...)" if like else
+                    f"published configs known offline: {', '.join(model_configs.MODELS)}")
             raise ValueError(f"cannot load the config of {model!r} ({type(error).__name__}: {str(error)[:160]}). "
                              f"No model hub here? {hint}") from None
     with torch.device("meta"):
@@ -652,12 +652,12 @@ def _suggestions(model, failed: Plan, lora_targets, quantization) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from nbhelpers import standins
+    from nbhelpers import model_configs
 
     class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
         pass  # defaults after each flag's help; the epilog as written (names are not split at hyphens)
 
-    known = "\n".join(f"  {arch:14s} {spec.hub_id}" for arch, spec in standins.ARCHS.items())
+    known = "\n".join(f"  {name:14s} {spec.hub_id}" for name, spec in model_configs.MODELS.items())
     parser = argparse.ArgumentParser(
         prog="python -m nbhelpers.plan", description=__doc__.split("\n")[0], formatter_class=Formatter,
         epilog=f"known architectures (offline: their published configs):\n{known}\n"

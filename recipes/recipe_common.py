@@ -19,8 +19,9 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
-from nbhelpers import runtime
+from nbhelpers import checkpoints, runtime
 from nbhelpers.flops import flops_per_token, matmul_parameters
 from nbhelpers.metrics import mlflow_experiment, mlflow_tracking_uri
 
@@ -242,6 +243,71 @@ def model_sizes(model, seq_len: int) -> dict:
     return {"parameters": sum(p.numel() for p in model.parameters()), "matmul_parameters": matmul_parameters(model),
             "flops_per_token": flops_per_token(model, seq_len)}
 
+
+
+# --------------------------------------------------------------------------------------------------
+# Distributed checkpoints of a sharded model (FSDP or FSDP2): every rank writes its own shards, resumable on any
+# number of ranks; sealed and verified by nbhelpers.checkpoints
+# --------------------------------------------------------------------------------------------------
+class Resumed(NamedTuple):
+    path: Path | None = None  # the checkpoint; None: a fresh start
+    step: int = 0
+    losses: list = []
+
+
+def save_checkpoint(model, optimizer, step: int, losses: list, checkpoint_dir: Path, keep: int) -> Path:
+    """step_N, written as nbhelpers.checkpoints does: into step_N.tmp, manifest last, renamed into place."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    path = checkpoint_dir / f"step_{step:07d}"
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    with checkpoints.saving(path, {"step": step, "losses": losses}, keep=keep) as folder:
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=folder)
+    return path
+
+
+def resume(model, optimizer, checkpoint_dir: Path) -> Resumed:
+    """Load the newest checkpoint whose every shard verifies, if there is one (the ranks check it together)."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    path = checkpoints.newest_verified(checkpoint_dir, "step_*")
+    if path is None:
+        return Resumed()
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    metadata = checkpoints.read_metadata(path)
+    if dist.get_rank() == 0:
+        print(f"resumed from {path} (step {metadata['step']})", flush=True)
+    return Resumed(path, metadata["step"], metadata["losses"])
+
+
+def newest_ray_checkpoint(experiment_dir: str | Path) -> tuple[Path | None, dict | None]:
+    """Ray Train: the newest training checkpoint of this run (Ray's folder of it, under storage_path) whose files
+    match their manifest, and its `checkpoint.pt` loaded; (None, None) on a fresh start. Read from the storage
+    itself, not from ray.train.get_checkpoint(): a worker that dies right after a report can leave Ray's record of
+    the newest checkpoint behind what was uploaded. A final model reported beside them is no training state.
+    Every worker calls this (they check it together)."""
+    import torch
+
+    folder = checkpoints.newest_verified(Path(experiment_dir), "checkpoint_*",
+                                         where=lambda metadata: not metadata.get("final_model"))
+    if folder is None:
+        return None, None
+    return folder, torch.load(folder / "checkpoint.pt", map_location="cpu", weights_only=True)
+
+
+def checkpoint_dir_to_use(args) -> Path:
+    """output_dir/checkpoints; a fresh run (resume_from_checkpoint false) over an earlier run's checkpoints is
+    refused here, before anything loads or is overwritten."""
+    folder = Path(args.output_dir) / "checkpoints"
+    if not args.resume_from_checkpoint:
+        checkpoints.refuse_to_start_over(folder, "step_*")
+    return folder
 
 
 # --------------------------------------------------------------------------------------------------

@@ -15,9 +15,22 @@ for key, value in {
 }.items():
     os.environ.setdefault(key, value)
 
+import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
+
+# The tests' CPU fixes of TRL, accelerate and DeepSpeed (hooks/cpu_fixes.py) and their test hooks: in this process,
+# and through hooks/sitecustomize.py in every process the tests start (kernels, fork servers, ranks, torchrun's
+# workers), which inherit this PYTHONPATH. The package users import (nbhelpers) changes no library.
+HOOKS = str(Path(__file__).resolve().parent / "hooks")
+sys.path.insert(0, HOOKS)
+os.environ["PYTHONPATH"] = os.pathsep.join([HOOKS, *filter(None, [os.environ.get("PYTHONPATH")])])
+import cpu_fixes  # noqa: E402
+from after_import import when_imported  # noqa: E402
+
+for _module in cpu_fixes.FIXES:
+    when_imported(_module, cpu_fixes.apply_without_gpus)
 
 # Files whose tests share a group: they reuse the runs of one notebook's cases in test_notebooks.py (notebook_run).
 GROUP_OF_FILE = {
@@ -61,14 +74,14 @@ def pytest_xdist_make_scheduler(config, log):
 def standin(tmp_path_factory):
     """standin(NAME) -> folder of a tiny offline stand-in model (built once per test session).
 
-    NAME is an architecture of nbhelpers.standins, with "+mxfp4" for GPT-OSS experts stored as on the hub.
+    NAME is an architecture of tests/standins.py, with "+mxfp4" for GPT-OSS experts stored as on the hub.
     """
     root = tmp_path_factory.mktemp("standins")
     built = {}
 
     def build(name: str):
         if name not in built:
-            from nbhelpers import standins
+            import standins
 
             arch, _, variant = name.partition("+")
             built[name] = standins.make(arch, size="tiny", out=root / name, mxfp4=variant == "mxfp4")

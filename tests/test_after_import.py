@@ -1,7 +1,7 @@
-"""nbhelpers.after_import.when_imported: a function runs once its module has been imported."""
+"""tests/hooks/after_import.py's when_imported: a function runs once its module has been imported."""
 import sys
 
-from nbhelpers.after_import import when_imported
+from after_import import when_imported
 
 
 def test_function_runs_right_after_the_module_is_imported(tmp_path, monkeypatch):

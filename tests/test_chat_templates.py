@@ -1,4 +1,4 @@
-"""The stand-ins carry the hub models' own chat templates, byte for byte (nbhelpers/chat_templates/README.md),
+"""The stand-ins carry the hub models' own chat templates, byte for byte (tests/standin_assets/chat_templates/README.md),
 and TRL treats them as it treats the hub models: it swaps in its training template for assistant-only loss
 where it has one, and refuses where it has none."""
 from pathlib import Path
@@ -8,30 +8,32 @@ import trl
 from transformers import AutoTokenizer
 from trl.chat_template_utils import get_training_chat_template
 
-from nbhelpers import hub_templates, standins
+import standins
+from nbhelpers import model_configs
 
 TRL_COPIES = Path(trl.__file__).parent / "chat_templates"
 COPIED_FROM = {"gpt_oss.jinja": "gptoss.jinja", "llama_3_2.jinja": "llama3_2.jinja", "llama_3_1.jinja": "llama3_1.jinja",
                "qwen3.jinja": "qwen3.jinja", "qwen2_5.jinja": "qwen2_5.jinja",
-               "qwen3_5.jinja": "qwen3_5_think.jinja"}  # Qwen3.5-4B and larger think by default (TRL's README)
-WITH_HUB_TEMPLATE = [arch for arch, spec in standins.ARCHS.items() if spec.hub_id in hub_templates.FILES]
+               "qwen3_5.jinja": "qwen3_5_think.jinja",  # Qwen3.5-4B and larger think by default (TRL's README)
+               "qwen3_8.jinja": "qwen3_8.jinja"}  # "as shipped by Qwen/Qwen3.8-27B"
+WITH_HUB_TEMPLATE = [arch for arch in standins.ARCHS if model_configs.MODELS[arch].hub_id in standins.HUB_TEMPLATES]
 
 
 @pytest.mark.parametrize("name", sorted(COPIED_FROM))
 def test_recorded_template_is_trls_copy_of_the_hub_file(name):
     # TRL checks its copies weekly against the hub repos (scripts/check_chat_templates.py), byte for byte
-    assert (hub_templates.FOLDER / name).read_bytes() == (TRL_COPIES / COPIED_FROM[name]).read_bytes()
-    assert set(hub_templates.FILES.values()) == set(COPIED_FROM)
+    assert (standins.ASSETS / "chat_templates" / name).read_bytes() == (TRL_COPIES / COPIED_FROM[name]).read_bytes()
+    assert set(standins.HUB_TEMPLATES.values()) == set(COPIED_FROM)
 
 
 @pytest.mark.parametrize("arch", WITH_HUB_TEMPLATE)
 def test_standin_carries_its_hub_models_template_byte_for_byte(arch, standin):
     loaded = AutoTokenizer.from_pretrained(standin(arch)).chat_template
-    assert loaded == hub_templates.hub_template(standins.ARCHS[arch].hub_id)
+    assert loaded == standins.hub_template(model_configs.MODELS[arch].hub_id)
     assert "{% generation %}" not in loaded and "{%- generation %}" not in loaded
 
 
-@pytest.mark.parametrize("arch", ["gpt-oss-20b", "qwen3-8b", "qwen2.5-3b", "qwen3.5-27b"])
+@pytest.mark.parametrize("arch", ["gpt-oss-20b", "qwen3-8b", "qwen2.5-3b", "qwen3.5-27b", "qwen3.8-27b"])
 def test_trl_swaps_in_its_training_template_for_assistant_only_loss(arch, standin):
     tokenizer = AutoTokenizer.from_pretrained(standin(arch))
     training = get_training_chat_template(tokenizer)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import GptOssConfig, LlamaConfig
 
-from nbhelpers import standins
+import standins
 from nbhelpers.plan import (GIB, NF4_BYTES, OFFLOAD_TECHNIQUES, TECHNIQUES, activation_bytes_per_token, build_parser,
                             count_parameters, load_model, plan)
 

@@ -66,19 +66,22 @@ def test_ray_resnet50_resumes_from_its_last_checkpoint_after_a_worker_is_killed_
     assert model(torch.randn(1, 3, 32, 32)).shape == (1, 10)
 
 
-def test_ray_qwen2_5_3b_full_fine_tune_lowers_the_loss_on_two_workers(ray_cluster, standin, tmp_path):
+def test_ray_qwen2_5_3b_resumes_from_its_checkpoint_after_a_worker_is_killed_and_lowers_the_loss(ray_cluster, standin,
+                                                                                               tmp_path):
     metrics = run_recipe("ray_qwen2_5_3b", [
         "--model_name_or_path", standin("qwen2.5-3b"), "--dataset_name", REPO / "data" / "alpaca",
         "--max_length", 128, "--max_steps", 30, "--learning_rate", 2e-3, "--logging_steps", 5,
-        "--timing_warmup_steps", 2,
+        "--timing_warmup_steps", 2, "--save_steps", 10, "--fail_once_at_step", 12,
     ], ray_cluster, tmp_path / "out", timeout=600)
+    assert metrics["killed_worker"], "the test hook did not kill a worker"
     assert metrics["world_size"] == 2
-    assert [h["step"] for h in metrics["history"]] == [5, 10, 15, 20, 25, 30]
+    assert [h["step"] for h in metrics["history"]] == [5, 10, 15, 20, 25, 30]  # each once, across the restart
+    assert metrics["worker_group_starts"] == [0, 10]  # the second group began at step 10's checkpoint, not at 0
     assert metrics["final_loss"] < 0.6 * metrics["initial_loss"], metrics["losses"]
     assert metrics["tokens_per_s"] > 0
     saved = Path(metrics["checkpoint"])
     assert (saved / "config.json").exists() and (saved / "model.safetensors").exists()
-    assert checkpoints.verify(saved) == {"step": 30}  # Ray's copy of what rank 0 sealed
+    assert checkpoints.verify(saved) == {"step": 30, "final_model": True}  # Ray's copy of what rank 0 sealed
 
     [run] = tracked_runs(tmp_path, "ray_qwen2_5_3b", {"learning_rate": "0.002", "max_length": "128"}, "loss")
     assert_logged_text_generator(tmp_path, run)

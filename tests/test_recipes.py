@@ -103,16 +103,24 @@ def load_recipe_module(recipe: str, name: str):
 # --------------------------------------------------------------------------------------------------
 # FSDP (FSDP1) Llama-3.1-8B
 # --------------------------------------------------------------------------------------------------
-def test_fsdp_llama_two_nodes_shards_trains_and_saves_full_model(tmp_path, standin):
+def test_fsdp_llama_two_nodes_shards_trains_saves_full_model_and_resumes_from_its_checkpoint(tmp_path, standin):
     model = standin("llama-3.1-8b")
-    metrics = run_two_nodes("fsdp_llama_3_1_8b_multinode", [
-        "--model_name_or_path", model, "--dataset_name", DATA / "alpaca", "--output_dir", tmp_path / "out",
-        "--max_steps", 14, "--per_device_train_batch_size", 4, "--gradient_accumulation_steps", 2,
-        "--learning_rate", 3e-3, "--warmup_steps", 2, "--logging_steps", 7,
-    ], tmp_path)
+    command = ["--model_name_or_path", model, "--dataset_name", DATA / "alpaca", "--output_dir", tmp_path / "out",
+               "--max_steps", 14, "--per_device_train_batch_size", 4, "--gradient_accumulation_steps", 2,
+               "--learning_rate", 3e-3, "--warmup_steps", 2, "--logging_steps", 4, "--save_steps", 8]
+    metrics = run_two_nodes("fsdp_llama_3_1_8b_multinode", command, tmp_path)
     assert_sharded_over_both_nodes(metrics)
     assert metrics["final_loss"] < 0.75 * metrics["initial_loss"], metrics["losses"]
     assert metrics["tokens_per_s"] > 0
+    assert metrics["resumed_from_step"] is None and [Path(c).name for c in metrics["checkpoints"]] == ["step_0000008"]
+
+    # The same command again (as after a failure): it resumes at step 8 and redoes steps 9..14 on the same data.
+    (tmp_path / "out" / "final_model").rename(tmp_path / "first_final_model")
+    again = run_two_nodes("fsdp_llama_3_1_8b_multinode", command, tmp_path)
+    assert again["resumed_from_step"] == 8
+    assert again["losses"][:8] == metrics["losses"][:8]
+    assert again["losses"][8:] == pytest.approx(metrics["losses"][8:], abs=2e-3)
+    metrics["saved_model"] = str(tmp_path / "first_final_model")
 
     # The full state dict gathered on rank 0 is a normal checkpoint with trained weights.
     from transformers import AutoModelForCausalLM
@@ -123,9 +131,9 @@ def test_fsdp_llama_two_nodes_shards_trains_and_saves_full_model(tmp_path, stand
     assert not torch.equal(saved.model.layers[0].mlp.up_proj.weight, original.model.layers[0].mlp.up_proj.weight)
     checkpoints.verify(metrics["saved_model"])  # rank 0 sealed what it wrote
 
-    [run] = tracked_runs(tmp_path, "fsdp_llama_3_1_8b_multinode", {"learning_rate": "0.003"}, "loss")
-    assert run.data.metrics["final_loss"] == pytest.approx(metrics["final_loss"])
-    assert_logged_text_generator(tmp_path, run)
+    runs = tracked_runs(tmp_path, "fsdp_llama_3_1_8b_multinode", {"learning_rate": "0.003"}, "loss")
+    assert [r.data.metrics["final_loss"] for r in runs] == pytest.approx([metrics["final_loss"], again["final_loss"]])
+    assert_logged_text_generator(tmp_path, runs[0])
 
 
 # --------------------------------------------------------------------------------------------------

@@ -12,7 +12,8 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from nbhelpers import standins
+import standins
+from nbhelpers import model_configs
 
 REPO = Path(__file__).resolve().parents[1]
 ARCHS = list(standins.ARCHS)
@@ -25,8 +26,7 @@ def test_tiny_standin_loads_offline_and_runs_forward_backward(arch, standin):
     assert os.environ["HF_HUB_OFFLINE"] == "1"
     model = AutoModelForCausalLM.from_pretrained(path)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    spec = standins.ARCHS[arch]
-    assert type(model.config).__name__ == spec.config_class
+    assert type(model.config).__name__ == model_configs.MODELS[arch].config_class
     assert model.config.vocab_size == len(tokenizer)
     messages = [{"role": "user", "content": "What is 12 + 30?"}, {"role": "assistant", "content": "12 + 30 = 42."}]
     input_ids = torch.tensor([tokenizer.apply_chat_template(messages, return_dict=True)["input_ids"]])
@@ -64,7 +64,7 @@ def test_tiny_config_keeps_the_architectures_special_features(arch):
 def test_full_size_parameter_count_matches_the_published_one(arch):
     model = standins.build(arch, "full")  # meta device: shapes only
     assert all(p.device.type == "meta" for p in model.parameters())
-    built, published = standins.count_parameters(model), standins.ARCHS[arch].published_parameters
+    built, published = standins.count_parameters(model), model_configs.MODELS[arch].parameters
     assert abs(built / published - 1) < 0.02, f"{arch}: built {built / 1e9:.3f} B, published {published / 1e9:.2f} B"
 
 
@@ -193,8 +193,8 @@ def test_random_weight_writer_output_loads_with_no_missing_keys(tmp_path):
 
 def test_cli_makes_a_full_size_config_without_weights(tmp_path):
     out = tmp_path / "llama"
-    subprocess.run([sys.executable, "-m", "nbhelpers.standins", "make", "llama-3.2-1b", "--size", "full",
-                    "--out", str(out)], check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+    subprocess.run([sys.executable, "tests/standins.py", "make", "llama-3.2-1b", "--size", "full",
+                    "--out", str(out)], check=True, cwd=REPO,
                    capture_output=True, timeout=120)
     config = AutoConfig.from_pretrained(out)
     assert (config.hidden_size, config.num_hidden_layers, config.vocab_size) == (2048, 16, 128256)

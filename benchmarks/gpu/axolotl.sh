@@ -21,7 +21,7 @@ elif [ ! -d /tmp/site-axolotl/axolotl ] && [ "$size" = full ]; then
 fi
 started=$(date +%s)
 model=/tmp/standins/olmo-3-7b-$size
-python3 -m nbhelpers.standins make olmo-3-7b --size "$size" --weights --out "$model" 2>&1 | tail -1  # machine's transformers
+python3 tests/standins.py make olmo-3-7b --size "$size" --weights --out "$model" 2>&1 | tail -1  # machine's transformers
 echo "stand-in: $(( $(date +%s) - started )) s" | tee "$out/stages.txt"
 export PYTHONPATH=/tmp/site-axolotl:$PYTHONPATH AXOLOTL_DO_NOT_TRACK=1
 python3 -c "import axolotl, transformers, trl, peft, mlflow, papermill; print('axolotl', axolotl.__version__, 'transformers', transformers.__version__, 'trl', trl.__version__, 'peft', peft.__version__, 'mlflow', mlflow.__version__)" | tee "$out/versions.txt"

@@ -33,7 +33,7 @@ fi
 started=$SECONDS
 stamp() { echo "[perfguide.sh +$((SECONDS - started))s] $*"; }
 stamp "stand-in: llama-3.2-1b ($size) on $device"
-"$PYTHON" -m nbhelpers.standins make llama-3.2-1b --size "$size" --weights --device "$device" --out "$WORK/llama-3.2-1b"
+"$PYTHON" tests/standins.py make llama-3.2-1b --size "$size" --weights --device "$device" --out "$WORK/llama-3.2-1b"
 
 stamp "the notebook"
 "$PYTHON" -m papermill --no-progress-bar --log-output --execution-timeout 600 \

@@ -24,7 +24,7 @@ scale=1; [ "$dry" = 1 ] && scale=6
 python3 - "$work" "$out" "$dry" <<'PY'
 import json, sys
 import torch
-from nbhelpers import standins
+import standins  # tests/standins.py (run.sh puts tests/ on PYTHONPATH)
 from nbhelpers.plan import plan
 work, out, dry = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 size, seq = ("tiny", 256) if dry else ("full", 4096)

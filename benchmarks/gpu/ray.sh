@@ -31,7 +31,7 @@ say "ray up at $RAY_ADDRESS"
 
 python3 data/make_image_folders.py "$work/images" --train-per-class "$IMAGES_PER_CLASS" --val-per-class 16 \
   --size $(( IMAGE_SIZE * 8 / 7 )) > "$out/images.log" 2>&1 &
-python3 -m nbhelpers.standins make qwen2.5-3b --size "$QWEN_SIZE" --weights --out "$work/qwen" > "$out/standin.log" 2>&1 &
+python3 tests/standins.py make qwen2.5-3b --size "$QWEN_SIZE" --weights --out "$work/qwen" > "$out/standin.log" 2>&1 &
 wait
 say "data and stand-in ready: $(tail -n 1 "$out/images.log"); $(tail -n 1 "$out/standin.log")"
 

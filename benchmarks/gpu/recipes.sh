@@ -20,7 +20,7 @@ gpus=${RECIPES_GPUS:-$(python3 -c "import torch; print(min(2, torch.cuda.device_
 
 python3 - "$work" "$dry" <<'PY'
 import sys
-from nbhelpers import standins
+import standins  # tests/standins.py (run.sh puts tests/ on PYTHONPATH)
 work, dry = sys.argv[1], sys.argv[2] == "1"
 for arch in ("llama-3.2-1b", "qwen3-8b"):  # config + tokenizer only: random_init builds the weights on the GPUs
     standins.make(arch, size="tiny" if dry else "full", out=f"{work}/{arch}-bench", weights=dry)

@@ -14,7 +14,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 mkdir -p /tmp/site
 for tarball in .devsite/*.tar.gz .devsite-ray/*.tar.gz; do [ -e "$tarball" ] && tar xzf "$tarball" -C /tmp/site; done
 [ -d /tmp/site/bin ] && sed -i "1s|^#!.*python.*$|#!/usr/bin/env python3|" /tmp/site/bin/*  # their shebangs name the packing machine's python
-export PYTHONPATH=$PWD:/tmp/site:${PYTHONPATH:-} PATH=/tmp/site/bin:$PATH
+export PYTHONPATH=$PWD:$PWD/tests:/tmp/site:${PYTHONPATH:-} PATH=/tmp/site/bin:$PATH  # tests/: the stand-ins
 export RESULTS=/tmp/results
 mkdir -p "$RESULTS"
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv > "$RESULTS/gpus.csv"

@@ -47,8 +47,8 @@ pm() {  # pm NOTEBOOK RUN -p ...: execute into $out/RUN.ipynb with output_dir $o
 }
 make_standin() {  # make_standin ARCH [LAYERS]: real config (fewer layers where given), random weights made on the GPU
   local mxfp4=; [[ $1 == gpt-oss-* ]] && mxfp4=--mxfp4  # experts in MXFP4, as on the hub
-  if [[ $size == tiny ]]; then python3 -m nbhelpers.standins make "$1" --size tiny --out "$models/$1" $mxfp4; return; fi
-  python3 -m nbhelpers.standins make "$1" --size full --weights --out "$models/$1" ${2:+--layers "$2"} $mxfp4
+  if [[ $size == tiny ]]; then python3 tests/standins.py make "$1" --size tiny --out "$models/$1" $mxfp4; return; fi
+  python3 tests/standins.py make "$1" --size full --weights --out "$models/$1" ${2:+--layers "$2"} $mxfp4
   du -sh "$models/$1" | tee -a "$out/standin_sizes.txt"
 }
 gpt_oss_20b() {

@@ -17,7 +17,7 @@ size=${SIZE:-full}; model=/tmp/standins/llama-3.2-3b-$size
 steps=${STEPS:-10}; warmup=${WARMUP:-3}; stages=${STAGES:-notebook compare}
 gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
 export UNSLOTH_COMPILE_LOCATION=/tmp/unsloth_compiled_cache  # shared by the runs, not in the repo
-python3 -m nbhelpers.standins make llama-3.2-3b --size "$size" --weights --out "$model" 2>&1 | tail -1
+python3 tests/standins.py make llama-3.2-3b --size "$size" --weights --out "$model" 2>&1 | tail -1
 if [[ " $stages " == *" notebook "* ]]; then
   started=$(date +%s)
   python3 -m papermill --execution-timeout 600 --no-progress-bar notebooks/unsloth/ddp_llama_3_2_3b.ipynb \

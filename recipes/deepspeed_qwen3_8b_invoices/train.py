@@ -35,7 +35,6 @@ from trl import ModelConfig, ScriptArguments, SFTConfig, SFTTrainer, TrlParser
 
 from nbhelpers import checkpoints
 from nbhelpers.metrics import peak_memory_bytes, write_metrics
-from nbhelpers.trl_cpu import skip_deepspeed_shm_build, use_torch_loss
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # recipes/: recipe_common.py, what the recipes share
@@ -76,9 +75,6 @@ def main():
               "model_name_or_path": model_args.model_name_or_path}  # the Trainer's MLflow callback logs SFTConfig
     with (stop_clearly_if_a_peer_is_lost(training_args.ddp_timeout),
           mlflow_run(RECIPE, output_dir, recipe_args.mlflow_tracking_uri, params) as tracking):
-        if device.type != "cuda":
-            skip_deepspeed_shm_build()  # no minutes of C++ JIT for a shared-memory all-reduce: gloo does that job
-            use_torch_loss()  # TRL's token log-probabilities are a Triton (GPU) kernel; the same in PyTorch
         deepspeed.init_distributed(dist_backend=dist.get_backend())  # DeepSpeed's comm layer over this process group
         train_rows, test_rows = load_data(script_args, recipe_args, training_args.seed)
         before = held_out_scores(model_args.model_name_or_path, test_rows, recipe_args, device)

@@ -23,14 +23,12 @@ import random
 import sys
 import time
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
+import torch.distributed.checkpoint as dcp  # noqa: F401  (the recipe's tests reach DCP through it)
 import torch.nn.functional as F
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
-                                                     set_state_dict)
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from tqdm import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -43,8 +41,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # recipes/: recipe_common.py, what the recipes share
 sys.path.insert(0, str(HERE))  # linear_attention.py, also when this file is imported from elsewhere
 from linear_attention import INSTALLED, has_linear_attention, install, packed_kwargs, select_kernels  # noqa: E402
-from recipe_common import (alpaca_prompt, gather_rank_facts, load_rows, log_causal_lm,  # noqa: E402
-                           model_sizes, parse_args, tokenize_prompt_response, torchrun_job)
+from recipe_common import (Resumed, alpaca_prompt, checkpoint_dir_to_use, gather_rank_facts, load_rows,  # noqa: E402
+                           log_causal_lm, model_sizes, parse_args, resume, save_checkpoint, tokenize_prompt_response,
+                           torchrun_job)
 
 RECIPE = "fsdp2_qwen3_multinode"
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
@@ -52,9 +51,7 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch
 
 def main():
     args = parse_args(HERE, __doc__.split("\n")[0])
-    checkpoint_dir = Path(args.output_dir) / "checkpoints"
-    if not args.resume_from_checkpoint:
-        checkpoints.refuse_to_start_over(checkpoint_dir, "step_*")  # before anything loads or is overwritten
+    checkpoint_dir = checkpoint_dir_to_use(args)  # a fresh run over an earlier run's checkpoints stops here
     with torchrun_job(RECIPE, args) as (device, tracking):  # process group, seed, lost-node guard, MLflow on rank 0
         model = build_model(args, device)
         sizes = model_sizes(model, args.max_length)  # counted before sharding
@@ -199,39 +196,6 @@ def learning_rate(step: int, args) -> float:
     progress = (step - args.warmup_steps) / max(1, args.max_steps - args.warmup_steps)
     floor = args.learning_rate * args.min_lr_ratio
     return floor + 0.5 * (args.learning_rate - floor) * (1 + math.cos(math.pi * min(1.0, progress)))
-
-
-# --------------------------------------------------------------------------------------------------
-# Distributed checkpoint: every rank writes its own shards; resumable on any number of ranks
-# --------------------------------------------------------------------------------------------------
-def save_checkpoint(model, optimizer, step: int, losses: list, checkpoint_dir: Path, keep: int) -> Path:
-    """step_N, written as nbhelpers.checkpoints does: into step_N.tmp, manifest last, renamed into place."""
-    path = checkpoint_dir / f"step_{step:07d}"
-    model_state, optimizer_state = get_state_dict(model, optimizer)
-    with checkpoints.saving(path, {"step": step, "losses": losses}, keep=keep) as folder:
-        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=folder)
-    return path
-
-
-class Resumed(NamedTuple):
-    path: Path | None = None  # the checkpoint; None: a fresh start
-    step: int = 0
-    losses: list = []
-
-
-def resume(model, optimizer, checkpoint_dir: Path) -> Resumed:
-    """Load the newest checkpoint whose every shard verifies, if there is one (the ranks check it together)."""
-    path = checkpoints.newest_verified(checkpoint_dir, "step_*")
-    if path is None:
-        return Resumed()
-    model_state, optimizer_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optimizer": optimizer_state}
-    dcp.load(state, checkpoint_id=path)
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-    metadata = checkpoints.read_metadata(path)
-    if dist.get_rank() == 0:
-        print(f"resumed from {path} (step {metadata['step']})", flush=True)
-    return Resumed(path, metadata["step"], metadata["losses"])
 
 
 # --------------------------------------------------------------------------------------------------

@@ -11,7 +11,9 @@ receive the weights from rank 0 as FSDP shards them (sync_module_states), so a n
 not one per GPU (`cpu_ram_efficient_loading`). Gradient checkpointing on every layer. At the end the full
 state dict is gathered to rank 0's CPU (FullStateDictConfig(offload_to_cpu=True, rank0_only=True)), saved
 with save_pretrained (complete or absent: nbhelpers.checkpoints) and logged to MLflow with the settings
-and the loss curve.
+and the loss curve. Every `save_steps` steps a distributed checkpoint (torch.distributed.checkpoint: each rank
+writes its shards; nbhelpers.checkpoints seals it) goes to output_dir/checkpoints, and the same command again
+resumes from the newest verified one, on the same data order.
 """
 from __future__ import annotations
 
@@ -37,21 +39,24 @@ from nbhelpers.metrics import peak_memory_bytes, write_metrics
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # recipes/: recipe_common.py, what the recipes share
-from recipe_common import (alpaca_prompt, gather_rank_facts, load_rows, log_causal_lm,  # noqa: E402
-                           model_sizes, parse_args, tokenize_prompt_response, torchrun_job)
+from recipe_common import (Resumed, alpaca_prompt, checkpoint_dir_to_use, gather_rank_facts, load_rows,  # noqa: E402
+                           log_causal_lm, model_sizes, parse_args, resume, save_checkpoint, tokenize_prompt_response,
+                           torchrun_job)
 
 RECIPE = "fsdp_llama_3_1_8b_multinode"
 
 
 def main():
     args = parse_args(HERE, __doc__.split("\n")[0])
+    checkpoint_dir = checkpoint_dir_to_use(args)  # a fresh run over an earlier run's checkpoints stops here
     with torchrun_job(RECIPE, args) as (device, tracking):  # process group, seed, lost-node guard, MLflow on rank 0
         model = build_model(args, device)
         sizes = model_sizes(model, args.max_length)  # at full length (batches are padded shorter), before sharding
         model = shard_model(model, args, device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
+        resumed = resume(model, optimizer, checkpoint_dir) if args.resume_from_checkpoint else Resumed()
         tokenizer, samples = load_data(args)
-        run = train(model, optimizer, tokenizer, samples, args, device, tracking)
+        run = train(model, optimizer, tokenizer, samples, args, device, tracking, resumed, checkpoint_dir)
         save_final_model(model, tokenizer, args, tracking)
         report(args, model, sizes, run, device, tracking)
 
@@ -162,21 +167,25 @@ def train_step(model, optimizer, micro_batches: list[dict], device, max_grad_nor
     return step_loss / n_tokens
 
 
-def train(model, optimizer, tokenizer, samples, args, device, tracking) -> dict:
-    """`max_steps` optimizer steps (0: `num_train_epochs` epochs); tokens/s timed after `timing_warmup_steps`."""
+def train(model, optimizer, tokenizer, samples, args, device, tracking, resumed: Resumed, checkpoint_dir: Path) -> dict:
+    """`max_steps` optimizer steps (0: `num_train_epochs` epochs) from `resumed.step` on; a checkpoint every
+    `save_steps`; tokens/s timed after `timing_warmup_steps`."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     batch_size, accumulation = args.per_device_train_batch_size, args.gradient_accumulation_steps
     total_steps = args.max_steps or args.num_train_epochs * (len(samples) // world_size // batch_size // accumulation)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     data = batches(samples, batch_size, pad_id, rank, world_size, args.seed)
+    for _ in range(resumed.step * accumulation):  # a resumed run goes on with the batches it had not seen
+        next(data)
     nodes = len({f["node_rank"] for f in gather_rank_facts()})
     if rank == 0:
-        print(f"{world_size} ranks on {nodes} node(s); {total_steps} steps of {batch_size} x {accumulation} x "
-              f"{world_size} samples", flush=True)
+        print(f"{world_size} ranks on {nodes} node(s); steps {resumed.step}..{total_steps} of {batch_size} x "
+              f"{accumulation} x {world_size} samples", flush=True)
     model.train()
-    losses, tokens, timed_start = [], torch.zeros(2, dtype=torch.float64), None  # tokens: labelled, all
-    for step in tqdm(range(total_steps), disable=rank != 0, desc="train", mininterval=5):
-        if step == args.timing_warmup_steps:
+    losses, tokens, timed_start = list(resumed.losses), torch.zeros(2, dtype=torch.float64), None  # labelled, all
+    saved = []
+    for step in tqdm(range(resumed.step, total_steps), disable=rank != 0, desc="train", mininterval=5):
+        if step == resumed.step + args.timing_warmup_steps:
             if device.type == "cuda":
                 torch.cuda.synchronize()
             timed_start, tokens = time.perf_counter(), torch.zeros(2, dtype=torch.float64)
@@ -184,6 +193,8 @@ def train(model, optimizer, tokenizer, samples, args, device, tracking) -> dict:
             group["lr"] = learning_rate(step, total_steps, args)
         micro_batches = [{k: v.to(device) for k, v in next(data).items()} for _ in range(accumulation)]
         losses.append(train_step(model, optimizer, micro_batches, device, args.max_grad_norm).item())
+        if step == resumed.step:
+            checkpoints.check_resumed_loss(losses[-1], resumed.path)
         tokens += torch.tensor([sum(float((mb["labels"] != -100).sum()) for mb in micro_batches),
                                 sum(float(mb["attention_mask"].sum()) for mb in micro_batches)], dtype=torch.float64)
         if (step + 1) % args.logging_steps == 0 or step + 1 == total_steps:
@@ -192,13 +203,15 @@ def train(model, optimizer, tokenizer, samples, args, device, tracking) -> dict:
             if tracking:
                 tracking.log_metrics({"loss": losses[-1], "learning_rate": learning_rate(step, total_steps, args)},
                                      step=step + 1)
+        if args.save_steps and (step + 1) % args.save_steps == 0 and step + 1 < total_steps:
+            saved.append(str(save_checkpoint(model, optimizer, step + 1, losses, checkpoint_dir, args.save_total_limit)))
     if device.type == "cuda":
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - timed_start if timed_start else None
     tokens = tokens.to(device)
     dist.all_reduce(tokens)
     return {"losses": losses, "steps": total_steps, "timed_seconds": elapsed, "label_tokens": tokens[0].item(),
-            "tokens": tokens[1].item()}
+            "tokens": tokens[1].item(), "checkpoints": saved, "resumed_from_step": resumed.step if resumed.path else None}
 
 
 def save_final_model(model, tokenizer, args, tracking) -> None:
@@ -236,7 +249,8 @@ def report(args, model, sizes: dict, run: dict, device, tracking) -> None:
         tokens_per_s=tokens_per_s, tokens_per_s_per_gpu=tokens_per_s_per_gpu,
         label_tokens_per_s=run["label_tokens"] / elapsed if elapsed else None,
         flop_formula=FLOP_FORMULA + "; S = max_length although padded batches are shorter", peak_flops_per_gpu=peak,
-        mfu=mfu, saved_model=str(final_model), config=vars(args))
+        mfu=mfu, saved_model=str(final_model), checkpoints=run["checkpoints"],
+        resumed_from_step=run["resumed_from_step"], config=vars(args))
     if tracking:
         tracking.log_metrics({k: v for k, v in {"final_loss": losses[-1], "tokens_per_s": tokens_per_s, "mfu": mfu}.items()
                               if v is not None})

@@ -16,12 +16,16 @@ updates of size 2e-5. Every `logging_steps` steps the workers report the mean lo
 `ray.train.report`; at the end rank 0 saves the model (bf16 safetensors) and tokenizer, seals the folder
 (nbhelpers.checkpoints: a manifest of checksums) and reports it as the run's checkpoint, which Ray Train
 copies under the storage path. The driver verifies that copy, writes OUTPUT_DIR/metrics.json and logs the
-settings, the loss curve and the model to MLflow.
+settings, the loss curve and the model to MLflow. Every `save_steps` steps rank 0 reports a checkpoint of the
+weights, the optimizer state and the loss curve; a worker that dies makes Ray Train restart the group (up to
+`max_failures` times), which resumes from the newest verified checkpoint on the batches it had not seen, and so
+does a rerun of the same `run_name`.
 """
 from __future__ import annotations
 
 import os
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -34,7 +38,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import ray
 import ray.train
 import ray.train.torch
-from ray.train import Checkpoint, RunConfig, ScalingConfig
+from ray.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 import nbhelpers
@@ -43,17 +47,23 @@ from nbhelpers import checkpoints
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # recipes/: recipe_common.py, what the recipes share
 import recipe_common  # noqa: E402
-from recipe_common import alpaca_prompt, load_rows, log_causal_lm, mlflow_run, parse_args  # noqa: E402
+from recipe_common import (alpaca_prompt, load_rows, log_causal_lm, mlflow_run, newest_ray_checkpoint,  # noqa: E402
+                           parse_args)
 
 RECIPE = "ray_qwen2_5_3b"
 
 
 def main(argv=None) -> None:
-    args = parse_args(HERE, __doc__.split("\n")[0], argv)
+    args = parse_args(HERE, __doc__.split("\n")[0], argv, hidden={"fail_once_at_step": None})  # hidden: tests
+    if args.save_steps % args.logging_steps:
+        raise SystemExit(f"save_steps ({args.save_steps}) must be a multiple of logging_steps ({args.logging_steps}): "
+                         "a checkpoint holds the loss curve up to a logged step")
     for key in ("model_name_or_path", "dataset_name", "output_dir"):  # local paths: absolute, as workers run elsewhere
         if os.path.exists(os.path.expanduser(getattr(args, key))) or key == "output_dir":
             setattr(args, key, os.path.abspath(os.path.expanduser(getattr(args, key))))
     args.storage_path = args.storage_path or os.path.join(args.output_dir, "ray_results")
+    args.experiment_dir = os.path.join(args.storage_path, args.run_name)  # where Ray Train copies the checkpoints
+    args.fail_marker = os.path.join(args.output_dir, "killed_worker.marker")
     os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")  # worker prints reach us once, not twice
     # Every node gets the code the workers import: recipe_common (not installed) and nbhelpers.
     ray.init(address=args.ray_address, runtime_env={"py_modules": [recipe_common, nbhelpers]})
@@ -61,7 +71,8 @@ def main(argv=None) -> None:
     with mlflow_run(RECIPE, args.output_dir, args.mlflow_tracking_uri, vars(args)) as tracking:
         trainer = TorchTrainer(train_loop_per_worker, train_loop_config=vars(args),
                                scaling_config=ScalingConfig(num_workers=args.num_workers, use_gpu=use_gpu),
-                               run_config=RunConfig(name=args.run_name, storage_path=args.storage_path))
+                               run_config=RunConfig(name=args.run_name, storage_path=args.storage_path,
+                                                    failure_config=FailureConfig(max_failures=args.max_failures)))
         started = time.perf_counter()
         result = trainer.fit()
         report(args, result, use_gpu, time.perf_counter() - started, tracking)
@@ -92,6 +103,32 @@ def packed_blocks(rows, tokenizer, seq_len: int, blocks_needed: int, seed: int) 
     return blocks
 
 
+def die_once(config: dict, step: int, rank: int, world_size: int) -> None:
+    """Test hook (--fail_once_at_step): right after that step, the last rank kills itself, once (a marker file
+    remembers), as a worker on a lost node would die."""
+    marker = config["fail_marker"]
+    if config.get("fail_once_at_step") != step or rank != world_size - 1 or os.path.exists(marker):
+        return
+    Path(marker).write_text(f"rank {rank} killed itself after step {step}\n")
+    print(f"[test hook] rank {rank}: SIGKILL after step {step}", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def save_state(step: int, model, optimizer, history: list, keep: int, experiment_dir: str, rank: int, world_size: int,
+               metrics: dict) -> None:
+    """Every worker reports `metrics` (it is a barrier); rank 0 attaches a checkpoint of the weights, the optimizer
+    and the history (DDP keeps the replicas identical: one copy is the checkpoint), sealed before Ray copies it."""
+    with tempfile.TemporaryDirectory() as folder:
+        checkpoint = None
+        if rank == 0:
+            torch.save({"step": step, "model": (model.module if world_size > 1 else model).state_dict(),
+                        "optimizer": optimizer.state_dict(), "history": history}, os.path.join(folder, "checkpoint.pt"))
+            checkpoint = Checkpoint.from_directory(checkpoints.seal(folder, {"step": step}, no_dist=True))
+        ray.train.report(metrics, checkpoint=checkpoint)
+    if rank == 0:  # Ray has copied it: keep the newest `keep`, never the newest verified one
+        checkpoints.rotate(experiment_dir, keep, "checkpoint_*")
+
+
 def train_loop_per_worker(config: dict) -> list[dict]:
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
@@ -107,19 +144,30 @@ def train_loop_per_worker(config: dict) -> list[dict]:
         torch.utils.data.DataLoader(blocks, batch_size=batch_size, shuffle=True, drop_last=True))
 
     model = AutoModelForCausalLM.from_pretrained(config["model_name_or_path"], dtype=torch.float32)  # fp32 master
+    history, step = [], 0
+    resumed_from, state = newest_ray_checkpoint(config["experiment_dir"])  # after a failure, or a rerun
+    if state is not None:
+        model.load_state_dict(state["model"])
+        step, history = state["step"], state["history"]
+        print(f"rank {rank}: resuming from {resumed_from} (step {step})", flush=True)
     if config["gradient_checkpointing"]:
         model.gradient_checkpointing_enable()
     model = ray.train.torch.prepare_model(model)  # Ray: onto this worker's GPU, wrapped in DDP
     optimizer = torch.optim.AdamW(model.parameters(), lr=config["learning_rate"], weight_decay=config["weight_decay"])
+    if state is not None:
+        optimizer.load_state_dict(state["optimizer"])  # after the move: its state follows the parameters
 
-    history, step, epoch = [], 0, 0
     tokens_per_step = batch_size * config["max_length"] * world_size
-    timed_from, loss_sum = None, torch.zeros((), device=device)
+    timed_from, loss_sum, started_at = None, torch.zeros((), device=device), step
+    epoch, skip = divmod(step, len(loader))  # a resumed run goes on with the batches it had not seen
     model.train()
     while step < max_steps:
         if world_size > 1:
             loader.sampler.set_epoch(epoch)
         for batch in loader:
+            if skip:
+                skip -= 1
+                continue
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
                 loss = model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
             loss.backward()
@@ -128,7 +176,9 @@ def train_loop_per_worker(config: dict) -> list[dict]:
             optimizer.zero_grad(set_to_none=True)
             step += 1
             loss_sum += loss.detach()
-            if step == config["timing_warmup_steps"]:
+            if step == started_at + 1:
+                checkpoints.check_resumed_loss(loss.item(), resumed_from)
+            if step == started_at + config["timing_warmup_steps"]:
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 timed_from = (step, time.perf_counter())
@@ -142,7 +192,8 @@ def train_loop_per_worker(config: dict) -> list[dict]:
                         torch.cuda.synchronize(device)
                     tokens_per_s = (step - timed_from[0]) * tokens_per_step / (time.perf_counter() - timed_from[1])
                 metrics = {"step": step, "loss": loss_sum.item() / steps_logged / world_size,
-                           "grad_norm": grad_norm.item(), "tokens_per_s": tokens_per_s, "world_size": world_size}
+                           "grad_norm": grad_norm.item(), "tokens_per_s": tokens_per_s, "world_size": world_size,
+                           "started_at_step": started_at}
                 if device.type == "cuda":
                     metrics["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device)
                 history.append(metrics)
@@ -150,7 +201,12 @@ def train_loop_per_worker(config: dict) -> list[dict]:
                 if rank == 0:
                     rate = f"{tokens_per_s:,.0f} tokens/s" if tokens_per_s else "warming up"
                     print(f"step {step}/{max_steps}: loss {metrics['loss']:.4f}, {rate}", flush=True)
-                ray.train.report(metrics)  # every worker reports: it is a barrier
+                if config["save_steps"] and step % config["save_steps"] == 0 and step < max_steps:
+                    save_state(step, model, optimizer, history, config["save_total_limit"], config["experiment_dir"],
+                               rank, world_size, metrics)
+                else:
+                    ray.train.report(metrics)  # every worker reports: it is a barrier
+            die_once(config, step, rank, world_size)
             if step >= max_steps:
                 break
         epoch += 1
@@ -163,7 +219,8 @@ def train_loop_per_worker(config: dict) -> list[dict]:
                 state = {k: v.to(torch.bfloat16) for k, v in unwrapped.state_dict().items()}
                 unwrapped.save_pretrained(folder, state_dict=state)
                 tokenizer.save_pretrained(folder)
-                checkpoint = Checkpoint.from_directory(checkpoints.seal(folder, {"step": step}, no_dist=True))
+                checkpoint = Checkpoint.from_directory(checkpoints.seal(folder, {"step": step, "final_model": True},
+                                                                        no_dist=True))
             ray.train.report(history[-1], checkpoint=checkpoint)  # Ray copies the folder, manifest included
     return history
 
@@ -189,7 +246,9 @@ def report(args, result, use_gpu: bool, wall_s: float, tracking) -> None:
         losses=losses, initial_loss=losses[0], final_loss=losses[-1],
         tokens_per_s=timed[-1] if timed else None,  # mean over the steps after the warm-up
         peak_memory_bytes=history[-1].get("peak_memory_bytes"),  # rank 0's
-        checkpoint=str(saved) if saved else None, wall_s=wall_s)
+        checkpoint=str(saved) if saved else None, wall_s=wall_s,
+        worker_group_starts=sorted({h["started_at_step"] for h in history}),
+        killed_worker=os.path.exists(args.fail_marker))
     for h in history:
         tracking.log_metrics({k: h[k] for k in ("loss", "grad_norm", "tokens_per_s") if h[k] is not None},
                              step=h["step"])

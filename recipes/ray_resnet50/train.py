@@ -40,7 +40,7 @@ from nbhelpers import checkpoints
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # recipes/: recipe_common.py, what the recipes share
 import recipe_common  # noqa: E402
-from recipe_common import mlflow_run, parse_args  # noqa: E402
+from recipe_common import mlflow_run, newest_ray_checkpoint, parse_args  # noqa: E402
 
 import gpu_images  # noqa: E402  the data path: JPEGs decoded and augmented on the worker's device
 from gpu_images import make_loaders  # noqa: E402
@@ -109,7 +109,7 @@ def train_loop_per_worker(config: dict) -> dict:
         read_threads=config["read_threads"], dataloader_num_workers=config["dataloader_num_workers"])
     model = build_model(config["weights"], num_classes=train_loader.num_classes)
     start_epoch, history = 0, []
-    resumed_from, state = load_newest_verified(ray.train.get_checkpoint())  # after a failure, or a rerun
+    resumed_from, state = newest_ray_checkpoint(config["experiment_dir"])  # after a failure, or a rerun
     if state is not None:
         model.load_state_dict(state["model"])
         start_epoch, history = state["epoch"] + 1, state["history"]
@@ -152,15 +152,6 @@ def train_loop_per_worker(config: dict) -> dict:
         if rank == 0:  # Ray has copied it: keep the newest save_total_limit, never the newest verified one
             checkpoints.rotate(config["experiment_dir"], config["save_total_limit"], "checkpoint_*")
     return history
-
-
-def load_newest_verified(checkpoint) -> tuple[Path | None, dict | None]:
-    """The newest checkpoint of this run (in Ray's folder of the run) whose files match their manifest, loaded:
-    Ray's latest, or the one before it if that one is damaged. Every worker calls this (they check it together)."""
-    if checkpoint is None:
-        return None, None
-    folder = checkpoints.newest_verified(Path(checkpoint.path).parent, "checkpoint_*")
-    return folder, torch.load(folder / "checkpoint.pt", map_location="cpu", weights_only=True)
 
 
 def main(argv=None) -> None:

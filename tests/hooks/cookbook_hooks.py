@@ -18,7 +18,7 @@ import os
 import signal
 import sys
 
-from nbhelpers.after_import import when_imported
+from after_import import when_imported
 
 
 def record(hook: str, **fields) -> None:

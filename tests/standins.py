@@ -1,18 +1,20 @@
-"""Offline stand-ins for the cookbook's models: the real architecture class, random weights, a small tokenizer.
+"""Offline stand-ins for the cookbook's models, for the tests and the GPU benchmarks: the real architecture class,
+random weights, a small tokenizer. Not part of the package users import (nbhelpers); the published dimensions are
+nbhelpers.model_configs' (which the memory planner uses).
 
 No machine of this project reaches a model hub, yet notebooks and recipes must run their real loading
 code (`AutoModelForCausalLM.from_pretrained(model_name)`). A stand-in is a folder that loads exactly
 like the hub model: same transformers class and config fields, the family's special tokens and chat
 template, but random weights and a byte-level BPE trained on data/ (see data/make_tokenizer.py).
 
-    from nbhelpers import standins
+    import standins                                                         # tests/ on sys.path (pytest puts it there)
     path = standins.make("llama-3.2-1b", size="tiny", out="/tmp/llama")     # a few MB, seconds
     standins.make("gpt-oss-20b", size="full", out="/data/gpt-oss-20b", weights=True)   # on the GPU box
     standins.make("gpt-oss-20b", size="tiny", out="/tmp/gpt-oss", mxfp4=True)  # experts in MXFP4, as on the hub
     model = standins.build("gpt-oss-120b", size="full")                     # on the meta device: no memory
 
-    python -m nbhelpers.standins make llama-3.2-1b --size tiny --out /tmp/llama
-    python -m nbhelpers.standins table                                      # parameter counts
+    python tests/standins.py make llama-3.2-1b --size tiny --out /tmp/llama
+    python tests/standins.py table                                          # parameter counts
 
 Sizes: `tiny` keeps every special feature of the architecture (MoE experts, sliding/full layer types,
 Qwen3.5's 3:1 linear/full-attention layers, attention sinks, rope scaling, qk-norm, tied or untied
@@ -33,13 +35,38 @@ from pathlib import Path
 
 import torch
 
-from nbhelpers.hub_templates import hub_template
+from nbhelpers import model_configs
 
-BASE_TOKENIZER = Path(__file__).resolve().parent / "standin_tokenizer.json"
+ASSETS = Path(__file__).resolve().parent / "standin_assets"
+BASE_TOKENIZER = ASSETS / "tokenizer.json"  # data/make_tokenizer.py trains it
+
+# The hub models' own chat templates, byte for byte (standin_assets/chat_templates/README.md says where each copy
+# comes from and which hub repositories it was compared with). None of them marks the assistant's tokens with
+# `{% generation %}`: with `assistant_only_loss=True` TRL swaps in its own marked copy where it has one
+# (`trl.chat_template_utils.get_training_chat_template`: GPT-OSS, Qwen2.5, Qwen3, Qwen3.5) and refuses the others
+# (Llama 3.1 / 3.2), exactly as it does for the hub models.
+HUB_TEMPLATES = {  # hub id -> its template in ASSETS/chat_templates
+    "openai/gpt-oss-20b": "gpt_oss.jinja",
+    "openai/gpt-oss-120b": "gpt_oss.jinja",
+    "meta-llama/Llama-3.2-1B-Instruct": "llama_3_2.jinja",
+    "unsloth/Llama-3.2-3B-Instruct": "llama_3_2.jinja",
+    "meta-llama/Llama-3.1-8B": "llama_3_1.jinja",
+    "Qwen/Qwen3-8B": "qwen3.jinja",
+    "Qwen/Qwen3-0.6B": "qwen3.jinja",
+    "Qwen/Qwen2.5-3B": "qwen2_5.jinja",
+    "Qwen/Qwen3.5-27B": "qwen3_5.jinja",
+    "Qwen/Qwen3.8-27B": "qwen3_8.jinja",
+}
+
+
+def hub_template(hub_id: str) -> str | None:
+    """The chat template the hub model `hub_id` ships, as recorded here; None where none is recorded."""
+    name = HUB_TEMPLATES.get(hub_id)
+    return (ASSETS / "chat_templates" / name).read_text(encoding="utf-8") if name else None
 
 
 # --------------------------------------------------------------------------------------------------
-# Chat templates. A stand-in carries its hub model's own template where nbhelpers/hub_templates.py records
+# Chat templates. A stand-in carries its hub model's own template where HUB_TEMPLATES records
 # it (byte for byte). The templates below are for the families with none recorded; transformers renders them
 # with trim_blocks/lstrip_blocks: every tag strips the whitespace before it, so only what the expressions
 # print reaches the output ('\n' for newlines). `{% generation %}` marks what the assistant writes after the
@@ -76,7 +103,7 @@ OLMO3_TEMPLATE = r"""
 @dataclass(frozen=True)
 class Family:
     special_tokens: tuple  # added as special tokens after the BPE vocabulary, in the real id order
-    chat_template: str | None = None  # for archs without a recorded hub template (nbhelpers/hub_templates.py)
+    chat_template: str | None = None  # for archs without a recorded hub template (HUB_TEMPLATES)
     added_tokens: tuple = ()  # added, but not special (kept by decode(skip_special_tokens=True))
     prepend_bos: bool = False  # the tokenizer puts bos_token in front of every encoded text
 
@@ -99,141 +126,60 @@ FAMILIES = {
 
 @dataclass(frozen=True)
 class Arch:
-    config_class: str  # a transformers config class name
     family: str  # key of FAMILIES
-    hub_id: str  # what the stand-in stands in for
-    published_parameters: float  # as the model card / release states it
     bos: str | None  # the tokenizer's bos/eos/pad tokens, as the hub tokenizer sets them
     eos: str
     pad: str | None
     generation_eos: tuple  # generation_config.eos_token_id (every token that ends a reply)
-    full: dict  # published config fields
-    tiny: dict  # the same fields at toy size (vocab_size is the tokenizer's)
+    tiny: dict  # the published config fields (nbhelpers.model_configs) at toy size (vocab_size is the tokenizer's)
 
 
+LLAMA3_TOKENS = dict(bos="<|begin_of_text|>", eos="<|eot_id|>", pad=None,
+                     generation_eos=("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"))
 LLAMA3_TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=2, head_dim=16, max_position_embeddings=131072, rms_norm_eps=1e-5)
-
-
-def _llama3_rope(factor: float) -> dict:
-    return {"rope_type": "llama3", "rope_theta": 500000.0, "factor": factor, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
-
-
-GPT_OSS_ROPE = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                "truncate": False, "original_max_position_embeddings": 4096}
-GPT_OSS_FULL = dict(hidden_size=2880, intermediate_size=2880, head_dim=64, num_attention_heads=64,
-                    num_key_value_heads=8, num_experts_per_tok=4, sliding_window=128, vocab_size=201088,
-                    max_position_embeddings=131072, rms_norm_eps=1e-5, tie_word_embeddings=False,
-                    rope_parameters=GPT_OSS_ROPE)
 GPT_OSS_TINY = dict(hidden_size=64, intermediate_size=64, head_dim=16, num_attention_heads=4, num_key_value_heads=2,
                     num_hidden_layers=2, num_local_experts=4, num_experts_per_tok=2, sliding_window=16,
                     max_position_embeddings=131072, rms_norm_eps=1e-5, tie_word_embeddings=False,
-                    rope_parameters=GPT_OSS_ROPE)
+                    rope_parameters=model_configs.GPT_OSS_ROPE)
 GPT_OSS_TOKENS = dict(bos="<|startoftext|>", eos="<|return|>", pad="<|endoftext|>",
                       generation_eos=("<|return|>", "<|endoftext|>", "<|call|>"))
 QWEN3_TOKENS = dict(bos=None, eos="<|im_end|>", pad="<|endoftext|>", generation_eos=("<|im_end|>", "<|endoftext|>"))
 QWEN3_TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=16, max_position_embeddings=40960, rms_norm_eps=1e-6,
-                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
-QWEN3_5_SHARED = dict(max_position_embeddings=262144, rms_norm_eps=1e-6, tie_word_embeddings=False,
-                      hidden_act="silu", attention_bias=False, linear_conv_kernel_dim=4,
-                      rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
-                                       "mrope_interleaved": True, "mrope_section": [11, 11, 10]})
+                  rope_parameters=model_configs.QWEN3_ROPE)
+# 4 layers keep Qwen3.5's 3:1 layout (the default layer_types: every 4th layer is full attention); 3 value heads per
+# key head as in the full model
+QWEN3_5_TINY = dict(model_configs.QWEN3_5, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
+                    linear_num_value_heads=6, linear_key_head_dim=16, linear_value_head_dim=16)
+OLMO3_ROPE = model_configs.MODELS["olmo-3-7b"].fields["rope_parameters"]
 
-ARCHS = {
-    "gpt-oss-20b": Arch("GptOssConfig", "gpt-oss", "openai/gpt-oss-20b", 20.91e9, **GPT_OSS_TOKENS,
-                        full=dict(GPT_OSS_FULL, num_hidden_layers=24, num_local_experts=32), tiny=GPT_OSS_TINY),
-    "gpt-oss-120b": Arch("GptOssConfig", "gpt-oss", "openai/gpt-oss-120b", 116.83e9, **GPT_OSS_TOKENS,
-                         full=dict(GPT_OSS_FULL, num_hidden_layers=36, num_local_experts=128), tiny=GPT_OSS_TINY),
-    "llama-3.2-1b": Arch(
-        "LlamaConfig", "llama3", "meta-llama/Llama-3.2-1B-Instruct", 1.23e9,
-        bos="<|begin_of_text|>", eos="<|eot_id|>", pad=None,
-        generation_eos=("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"),
-        full=dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-                  num_key_value_heads=8, head_dim=64, vocab_size=128256, max_position_embeddings=131072,
-                  rms_norm_eps=1e-5, tie_word_embeddings=True, rope_parameters=_llama3_rope(32.0)),
-        tiny=dict(LLAMA3_TINY, tie_word_embeddings=True, rope_parameters=_llama3_rope(32.0))),
-    "llama-3.2-3b": Arch(
-        "LlamaConfig", "llama3", "unsloth/Llama-3.2-3B-Instruct", 3.21e9,
-        bos="<|begin_of_text|>", eos="<|eot_id|>", pad="<|finetune_right_pad_id|>",
-        generation_eos=("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"),
-        full=dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24,
-                  num_key_value_heads=8, head_dim=128, vocab_size=128256, max_position_embeddings=131072,
-                  rms_norm_eps=1e-5, tie_word_embeddings=True, rope_parameters=_llama3_rope(32.0)),
-        tiny=dict(LLAMA3_TINY, tie_word_embeddings=True, rope_parameters=_llama3_rope(32.0))),
-    "llama-3.1-8b": Arch(
-        "LlamaConfig", "llama3", "meta-llama/Llama-3.1-8B", 8.03e9,
-        bos="<|begin_of_text|>", eos="<|end_of_text|>", pad=None, generation_eos=("<|end_of_text|>",),
-        full=dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                  num_key_value_heads=8, head_dim=128, vocab_size=128256, max_position_embeddings=131072,
-                  rms_norm_eps=1e-5, tie_word_embeddings=False, rope_parameters=_llama3_rope(8.0)),
-        tiny=dict(LLAMA3_TINY, tie_word_embeddings=False, rope_parameters=_llama3_rope(8.0))),
-    "olmo-3-7b": Arch(
-        "Olmo3Config", "olmo3", "allenai/Olmo-3-7B-Instruct-SFT", 7.30e9,
-        bos="<|endoftext|>", eos="<|im_end|>", pad="<|pad|>", generation_eos=("<|im_end|>", "<|endoftext|>"),
-        full=dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
-                  num_key_value_heads=32, vocab_size=100278, max_position_embeddings=65536, rms_norm_eps=1e-6,
-                  sliding_window=4096, tie_word_embeddings=False,
-                  rope_parameters={
-                      "full_attention": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 8.0,
-                                         "original_max_position_embeddings": 8192, "beta_fast": 32.0,
-                                         "beta_slow": 1.0, "attention_factor": 1.2079441541679836},
-                      "sliding_attention": {"rope_type": "default", "rope_theta": 500000.0}}),
-        # 4 layers: three sliding-window layers and one full-attention layer, as in the real pattern
-        tiny=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-                  num_key_value_heads=4, max_position_embeddings=65536, rms_norm_eps=1e-6, sliding_window=16,
-                  tie_word_embeddings=False,
-                  rope_parameters={
-                      "full_attention": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 8.0,
-                                         "original_max_position_embeddings": 8192, "beta_fast": 32.0,
-                                         "beta_slow": 1.0, "attention_factor": 1.2079441541679836},
-                      "sliding_attention": {"rope_type": "default", "rope_theta": 500000.0}})),
-    "qwen2.5-3b": Arch(
-        "Qwen2Config", "qwen2", "Qwen/Qwen2.5-3B", 3.09e9,
-        bos=None, eos="<|endoftext|>", pad="<|endoftext|>", generation_eos=("<|endoftext|>",),
-        full=dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
-                  num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rms_norm_eps=1e-6,
-                  tie_word_embeddings=True, use_sliding_window=False, sliding_window=32768, max_window_layers=36,
-                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
-        tiny=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=True,
-                  use_sliding_window=False, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
-    "qwen3-8b": Arch(
-        "Qwen3Config", "qwen3", "Qwen/Qwen3-8B", 8.2e9, **QWEN3_TOKENS,
-        full=dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
-                  num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
-                  rms_norm_eps=1e-6, tie_word_embeddings=False,
-                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
-        tiny=dict(QWEN3_TINY, tie_word_embeddings=False)),
-    # The Qwen3-family model of the multi-node FSDP2 recipe.
-    "qwen3-0.6b": Arch(
-        "Qwen3Config", "qwen3", "Qwen/Qwen3-0.6B", 0.6e9, **QWEN3_TOKENS,
-        full=dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-                  num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
-                  rms_norm_eps=1e-6, tie_word_embeddings=True,
-                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
-        tiny=dict(QWEN3_TINY, tie_word_embeddings=True)),
-    # Qwen3.5-27B, the model of the multi-node FSDP2 recipe: a hybrid of 16 x (3 Gated DeltaNet layers + 1 gated
-    # full-attention layer). Sources (the hub is unreachable here): the model card of Qwen/Qwen3.5-27B (27B
-    # parameters, hidden 5120, 64 layers, vocabulary 248,320, that layout; huggingface.co/Qwen/Qwen3.5-27B, commit
-    # 3b29628), and the text_config of its config.json as mirrored in public code (THUDM/slime
-    # scripts/models/qwen3.5-27B.sh and others): 24 query / 4 KV heads of 256 with an output gate, rope theta 1e7
-    # on a quarter of each head (interleaved mrope sections 11/11/10), MLP 17408, linear attention with 16 key
-    # heads and 48 value heads of 128 and a causal conv of width 4, untied embeddings. The class is the text
-    # model transformers loads for that checkpoint with AutoModelForCausalLM (Qwen3_5ForCausalLM); the hub's
-    # vision encoder and multi-token-prediction layer (about 0.9 B more, 27.78 B in its safetensors index) are
-    # not part of it. Built: 26.90 B, 0.4 % under the card's 27 B.
-    "qwen3.5-27b": Arch(
-        "Qwen3_5TextConfig", "qwen3.5", "Qwen/Qwen3.5-27B", 27e9, **QWEN3_TOKENS,
-        full=dict(QWEN3_5_SHARED, hidden_size=5120, intermediate_size=17408, num_hidden_layers=64,
-                  num_attention_heads=24, num_key_value_heads=4, head_dim=256, linear_num_key_heads=16,
-                  linear_num_value_heads=48, linear_key_head_dim=128, linear_value_head_dim=128, vocab_size=248320),
-        # 4 layers keep the 3:1 layout (the default layer_types: every 4th layer is full attention); 3 value heads
-        # per key head as in the full model
-        tiny=dict(QWEN3_5_SHARED, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=6,
-                  linear_key_head_dim=16, linear_value_head_dim=16)),
+ARCHS = {  # the published dimensions are nbhelpers.model_configs'; here the tokenizer and the tiny size
+    "gpt-oss-20b": Arch("gpt-oss", **GPT_OSS_TOKENS, tiny=GPT_OSS_TINY),
+    "gpt-oss-120b": Arch("gpt-oss", **GPT_OSS_TOKENS, tiny=GPT_OSS_TINY),
+    "llama-3.2-1b": Arch("llama3", **LLAMA3_TOKENS, tiny=dict(LLAMA3_TINY, tie_word_embeddings=True,
+                                                                rope_parameters=model_configs._llama3_rope(32.0))),
+    "llama-3.2-3b": Arch("llama3", **dict(LLAMA3_TOKENS, pad="<|finetune_right_pad_id|>"),
+                         tiny=dict(LLAMA3_TINY, tie_word_embeddings=True, rope_parameters=model_configs._llama3_rope(32.0))),
+    "llama-3.1-8b": Arch("llama3", bos="<|begin_of_text|>", eos="<|end_of_text|>", pad=None,
+                         generation_eos=("<|end_of_text|>",),
+                         tiny=dict(LLAMA3_TINY, tie_word_embeddings=False, rope_parameters=model_configs._llama3_rope(8.0))),
+    # 4 layers: three sliding-window layers and one full-attention layer, as in the real pattern
+    "olmo-3-7b": Arch("olmo3", bos="<|endoftext|>", eos="<|im_end|>", pad="<|pad|>",
+                      generation_eos=("<|im_end|>", "<|endoftext|>"),
+                      tiny=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                                num_key_value_heads=4, max_position_embeddings=65536, rms_norm_eps=1e-6,
+                                sliding_window=16, tie_word_embeddings=False, rope_parameters=OLMO3_ROPE)),
+    "qwen2.5-3b": Arch("qwen2", bos=None, eos="<|endoftext|>", pad="<|endoftext|>", generation_eos=("<|endoftext|>",),
+                       tiny=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                 num_key_value_heads=2, max_position_embeddings=32768, rms_norm_eps=1e-6,
+                                 tie_word_embeddings=True, use_sliding_window=False,
+                                 rope_parameters=model_configs.QWEN3_ROPE)),
+    "qwen3-8b": Arch("qwen3", **QWEN3_TOKENS, tiny=dict(QWEN3_TINY, tie_word_embeddings=False)),
+    "qwen3-0.6b": Arch("qwen3", **QWEN3_TOKENS, tiny=dict(QWEN3_TINY, tie_word_embeddings=True)),
+    "qwen3.5-27b": Arch("qwen3.5", **QWEN3_TOKENS, tiny=QWEN3_5_TINY),
+    "qwen3.8-27b": Arch("qwen3.5", **QWEN3_TOKENS, tiny=QWEN3_5_TINY),
 }
 SIZES = ("tiny", "full")
 # config.json's quantization_config of the GPT-OSS hub checkpoints: only the experts are MXFP4
@@ -270,8 +216,8 @@ def tokenizer(arch: str):
         ])
     return PreTrainedTokenizerFast(
         tokenizer_object=backend, bos_token=spec.bos, eos_token=spec.eos, pad_token=spec.pad,
-        chat_template=hub_template(spec.hub_id) or family.chat_template.strip(),
-        model_max_length=spec.full["max_position_embeddings"],
+        chat_template=hub_template(model_configs.MODELS[arch].hub_id) or family.chat_template.strip(),
+        model_max_length=model_configs.MODELS[arch].fields["max_position_embeddings"],
         clean_up_tokenization_spaces=False,
     )
 
@@ -284,14 +230,15 @@ def config(arch: str, size: str = "tiny", layers: int | None = None):
     if size not in SIZES:
         raise ValueError(f"size must be one of {SIZES}, not {size!r}")
     tok = tokenizer(arch)
-    fields = dict(spec.full if size == "full" else spec.tiny)
+    fields = dict(model_configs.MODELS[arch].fields if size == "full" else spec.tiny)
     if size == "tiny":
         fields["vocab_size"] = len(tok)
     if layers is not None:
         fields["num_hidden_layers"] = layers
     # The config names the tokenizer's eos; generation_config.json lists every end-of-reply token.
     ids = {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
-    return getattr(transformers, spec.config_class)(**fields, **ids, dtype="bfloat16" if size == "full" else "float32")
+    config_class = model_configs.MODELS[arch].config_class
+    return getattr(transformers, config_class)(**fields, **ids, dtype="bfloat16" if size == "full" else "float32")
 
 
 def generation_config(arch: str):
@@ -335,7 +282,8 @@ def make(arch: str, size: str = "tiny", out: str | Path = "standin", weights: bo
     turns them into bf16 on load.
     """
     spec = _arch(arch)
-    if mxfp4 and spec.config_class != "GptOssConfig":
+    published = model_configs.MODELS[arch]
+    if mxfp4 and published.config_class != "GptOssConfig":
         raise ValueError(f"mxfp4 is how the GPT-OSS checkpoints store their MoE experts; {arch} has no such "
                          "checkpoint: leave mxfp4 off")
     out = Path(out)
@@ -361,10 +309,10 @@ def make(arch: str, size: str = "tiny", out: str | Path = "standin", weights: bo
             write_random_weights(model, out, device=device, dtype=model.dtype, mxfp4_experts=mxfp4)
     generation_config(arch).save_pretrained(out)  # after the model's, which would overwrite it
     (out / "standin.json").write_text(json.dumps({
-        "arch": arch, "size": size, "stands_in_for": spec.hub_id, "config_class": spec.config_class,
-        "parameters": n_parameters, "published_parameters": spec.published_parameters,
+        "arch": arch, "size": size, "stands_in_for": published.hub_id, "config_class": published.config_class,
+        "parameters": n_parameters, "published_parameters": published.parameters,
         "weights": "random" if weights else "none (config and tokenizer only)",
-        "note": "A random-weight stand-in with the real architecture, made by nbhelpers.standins; "
+        "note": "A random-weight stand-in with the real architecture, made by the cookbook's tests/standins.py; "
                 "its tokenizer is a small BPE trained on the cookbook's data, not the hub tokenizer.",
     }, indent=2) + "\n")
     return out
@@ -444,16 +392,16 @@ def write_random_weights(model, out: Path, device: str, dtype: torch.dtype = tor
 def parameter_table() -> list[dict]:
     """arch -> class, published vs built (full, meta device) parameter count."""
     rows = []
-    for arch, spec in ARCHS.items():
+    for arch in ARCHS:
+        published = model_configs.MODELS[arch]
         built = count_parameters(build(arch, "full"))
-        rows.append({"arch": arch, "config_class": spec.config_class, "hub_id": spec.hub_id,
-                     "published": spec.published_parameters, "built": built,
-                     "error": built / spec.published_parameters - 1})
+        rows.append({"arch": arch, "config_class": published.config_class, "hub_id": published.hub_id,
+                     "published": published.parameters, "built": built, "error": built / published.parameters - 1})
     return rows
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m nbhelpers.standins", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python tests/standins.py", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     make_parser = commands.add_parser("make", help="save a stand-in model folder")
     make_parser.add_argument("arch", choices=list(ARCHS))

@@ -1,11 +1,10 @@
-"""Hugging Face trainers (TRL, accelerate, DeepSpeed) on a machine without GPUs: CI and laptops.
+"""Hugging Face trainers (TRL, accelerate, DeepSpeed) on the CPU processes of the tests, without GPUs.
 
-The notebooks run the same TRL code on GPUs and, for their tests, as 2 CPU processes. Four things in
-the current stack assume a GPU; the fixes below correct each of them when no GPU is visible, and do
-nothing when one is. They apply themselves: importing nbhelpers registers `apply_without_gpus` to run
-as soon as the module a fix patches is imported (nbhelpers/after_import.py), in the notebook's process,
-the launcher's fork server and every rank. Nothing needs calling; `patch_for_cpu()` (the explicit
-call older notebooks and recipes make) applies all four at once and is harmless after the automatic ones.
+The notebooks and recipes run the same TRL code on GPUs and, in their tests, as 2 CPU processes. Four things in
+the current stack assume a GPU; the fixes below correct each of them when no GPU is visible, and do nothing when
+one is. The tests' harness applies them, never the package users import: tests/hooks/sitecustomize.py, in every
+process the tests start (the notebook's kernel, the launcher's fork server, every rank, torchrun's workers),
+registers `apply_without_gpus` to run as soon as a module it patches is imported (tests/hooks/after_import.py).
 
 1. accelerate (under the Trainer) treats processes started like torchrun as one distributed job only
    on GPU-like devices; on CPUs, unless `use_cpu=True` is passed, each process silently trains alone,
@@ -132,7 +131,7 @@ def join_cpu_processes() -> None:
 
 def use_torch_loss() -> None:
     """TRL's fused LM head computes its per-token log-probabilities with `TorchChunkedLogProbFunction`."""
-    # the module itself: right after it is imported (nbhelpers.after_import) it is not yet an attribute of trl.trainer
+    # the module itself: right after it is imported (after_import) it is not yet an attribute of trl.trainer
     importlib.import_module("trl.trainer.utils")._ChunkedLogProbFunction = TorchChunkedLogProbFunction
 
 
@@ -165,7 +164,7 @@ def skip_deepspeed_shm_build() -> None:
     comm.build_shm_op = lambda: None
 
 
-# The module each fix patches; nbhelpers/__init__.py watches these names.
+# The module each fix patches; install() watches these names.
 FIXES = {
     "accelerate.state": (join_cpu_processes, keep_fsdp_on_cpu),
     "trl.trainer.utils": (use_torch_loss,),
@@ -178,13 +177,3 @@ def apply_without_gpus(module) -> None:
     if not torch.cuda.is_available():
         for fix in FIXES[module.__name__]:
             fix()
-
-
-def patch_for_cpu() -> list[str]:
-    """Without a GPU, apply the four fixes above; return the names of those applied ([] on GPUs)."""
-    if torch.cuda.is_available():
-        return []
-    patches = [join_cpu_processes, use_torch_loss, keep_fsdp_on_cpu, skip_deepspeed_shm_build]
-    for patch in patches:
-        patch()
-    return [patch.__name__ for patch in patches]

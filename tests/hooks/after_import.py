@@ -2,9 +2,9 @@
 
     when_imported("accelerate.state", fix)   # fix(module) runs once accelerate.state has loaded
 
-How nbhelpers applies its CPU fixes to TRL, accelerate and DeepSpeed (nbhelpers/trl_cpu.py) and how the
-test hooks (tests/hooks/) reach every rank: a finder first on `sys.meta_path` wraps the loader of each
-watched module. A module already imported gets the function at once.
+How the tests' CPU fixes of TRL, accelerate and DeepSpeed (cpu_fixes.py) and the test hooks (cookbook_hooks.py)
+reach every rank: a finder first on `sys.meta_path` wraps the loader of each watched module. A module already
+imported gets the function at once. Only processes of the tests have it (tests/hooks/sitecustomize.py).
 """
 from __future__ import annotations
 

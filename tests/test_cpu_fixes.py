@@ -1,14 +1,19 @@
-"""nbhelpers.trl_cpu: the CPU stand-in for TRL's loss kernel computes what the kernel computes."""
+"""The tests' CPU fixes of TRL, accelerate and DeepSpeed (tests/hooks/cpu_fixes.py): the PyTorch stand-in for TRL's
+loss kernel computes what the kernel computes; every process the tests start gets the fixes, a user's process never."""
+import ast
 import json
 import os
 import subprocess
 import sys
 import textwrap
 
+from pathlib import Path
+
+import cpu_fixes
 import pytest
 import torch
-
-from nbhelpers.trl_cpu import TorchChunkedLogProbFunction, patch_for_cpu
+from conftest import HOOKS
+from cpu_fixes import TorchChunkedLogProbFunction
 
 # Runs TRL's Triton kernel on the CPU through Triton's interpreter (slow, so only a few tokens) and prints
 # its outputs and input gradients as JSON.
@@ -55,58 +60,56 @@ def test_torch_logprob_matches_trl_triton_kernel():
     assert weight.grad.norm().item() == pytest.approx(kernel["grad_weight_norm"], rel=1e-4)
 
 
-def test_patch_for_cpu_changes_nothing_when_a_gpu_is_visible(monkeypatch):
-    import trl.trainer.utils
-
-    kernel = trl.trainer.utils._ChunkedLogProbFunction
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert patch_for_cpu() == []
-    assert trl.trainer.utils._ChunkedLogProbFunction is kernel
-
-
-# A fresh process that imports nbhelpers, then TRL and DeepSpeed, and calls nothing; prints what it got as JSON.
-# FAKE_GPU=1: nbhelpers.trl_cpu sees a GPU (only it: the libraries would try to use it).
-SELF_APPLYING_SCRIPT = textwrap.dedent("""
-    import importlib, json, os, types
+# A fresh process that imports TRL, accelerate and DeepSpeed and calls nothing; prints what it got as JSON.
+# FAKE_GPU=1: the fixes see a GPU (only they: the libraries would try to use it).
+FACTS_SCRIPT = textwrap.dedent("""
+    import importlib, json, os, sys, types
+    meta_path = [type(finder).__name__ for finder in sys.meta_path]
     import nbhelpers
+    facts = {"meta_path_unchanged_by_nbhelpers": [type(f).__name__ for f in sys.meta_path] == meta_path}
     if os.environ.get("FAKE_GPU"):
-        import nbhelpers.trl_cpu
-        nbhelpers.trl_cpu.torch = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: True))
+        import cpu_fixes
+        cpu_fixes.torch = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: True))
     import trl
     from trl import SFTTrainer
     from accelerate.state import AcceleratorState, PartialState
-    from nbhelpers.trl_cpu import TorchChunkedLogProbFunction, patch_for_cpu
     shm = importlib.import_module("deepspeed.comm.torch").build_shm_op
     utils = importlib.import_module("trl.trainer.utils")
-    facts = lambda: {
-        "torch_loss": utils._ChunkedLogProbFunction is TorchChunkedLogProbFunction,
+    facts.update({
+        "torch_loss": utils._ChunkedLogProbFunction.__name__ == "TorchChunkedLogProbFunction",
         "gloo_aware_accelerate": getattr(PartialState._prepare_backend, "_joins_cpu_processes", False),
         "fsdp_kept": getattr(AcceleratorState.__init__, "_keeps_fsdp_on_cpu", False),
         "deepspeed_shm_skipped": shm.__name__ == "<lambda>",
-    }
-    before = facts()
-    patch_for_cpu()  # what the TRL notebooks still call explicitly
-    original = getattr(PartialState._prepare_backend, "__wrapped__", None)
-    wrapped_once = not hasattr(original, "_joins_cpu_processes")
-    print(json.dumps({"automatic": before, "after_explicit_call": facts(), "wrapped_once": wrapped_once}))
+    })
+    print(json.dumps(facts))
 """)
+FIXED = ("torch_loss", "gloo_aware_accelerate", "fsdp_kept", "deepspeed_shm_skipped")
 
 
-def _self_applying(**environ) -> dict:
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", **environ}
-    run = subprocess.run([sys.executable, "-c", SELF_APPLYING_SCRIPT], env=env, capture_output=True, text=True,
-                         timeout=300)
+def _facts(pythonpath: str, **environ) -> dict:
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": pythonpath, **environ}
+    run = subprocess.run([sys.executable, "-c", FACTS_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-def test_cpu_process_gets_the_fixes_by_importing_nbhelpers_then_trl():
-    got = _self_applying()
-    assert got["automatic"] == {"torch_loss": True, "gloo_aware_accelerate": True, "fsdp_kept": True,
-                                "deepspeed_shm_skipped": True}
-    assert got["after_explicit_call"] == got["automatic"] and got["wrapped_once"], "patch_for_cpu() stays harmless"
+def test_importing_nbhelpers_changes_neither_the_import_system_nor_trl_accelerate_or_deepspeed():
+    got = _facts(pythonpath="")  # a user's process: no tests/hooks on its path
+    assert got["meta_path_unchanged_by_nbhelpers"]
+    assert not any(got[key] for key in FIXED), got
 
 
-def test_process_with_a_gpu_gets_no_cpu_fixes_on_import():
-    got = _self_applying(FAKE_GPU="1")
-    assert not any(got["automatic"].values()), got
+def test_a_cpu_process_the_tests_start_gets_the_fixes_once_trl_is_imported():
+    got = _facts(pythonpath=HOOKS)  # what conftest.py gives every process the tests start
+    assert all(got[key] for key in FIXED), got
+
+
+def test_with_a_gpu_visible_the_fixes_change_nothing():
+    got = _facts(pythonpath=HOOKS, FAKE_GPU="1")
+    assert not any(got[key] for key in FIXED), got
+
+
+def test_sitecustomize_watches_every_module_the_fixes_patch():
+    source = (Path(HOOKS) / "sitecustomize.py").read_text()
+    watched = ast.literal_eval(source.split("for _module in ")[1].split(":\n")[0])
+    assert set(watched) == set(cpu_fixes.FIXES)
