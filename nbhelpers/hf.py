@@ -1,5 +1,6 @@
 """What the Hugging Face notebooks share: throughput without the warm-up steps, one clear error for a model or
-dataset that cannot be found, and one MLflow run that the notebook and the Trainer's callback both log into."""
+dataset that cannot be found, one MLflow run that the notebook and the Trainer's callback both log into, the
+adapter's fingerprint (DDP keeps it identical on every rank) and the merged model's export."""
 from __future__ import annotations
 
 import os
@@ -46,6 +47,30 @@ class StepTimer(TrainerCallback):
 def logged(trainer, key: str = "loss") -> list[float]:
     """The values of one logged metric (loss, eval_loss, ...) in the order the Trainer logged them."""
     return [entry[key] for entry in trainer.state.log_history if key in entry]
+
+
+def adapter_fingerprint(model) -> str:
+    """A hash of this rank's trainable (LoRA) weights: DDP keeps them identical on every rank."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for parameter in model.parameters():
+        if parameter.requires_grad:
+            digest.update(parameter.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def save_merged(model, tokenizer, folder) -> None:
+    """Merge a PEFT model's adapter into its base weights and save the result to `folder` (safetensors shards).
+
+    Saved from its state dict: transformers 5.17's `save_pretrained` writes the experts of a GPT-OSS model loaded
+    with `Mxfp4Config(dequantize=True)` under broken names (it reverses the MXFP4 loading step)."""
+    from huggingface_hub import save_torch_state_dict
+
+    merged = model.merge_and_unload()
+    for part in (merged.config, merged.generation_config, tokenizer):
+        part.save_pretrained(folder)
+    save_torch_state_dict(merged.state_dict(), folder, max_shard_size="5GB")
 
 
 GATED_ADVICE = ("If it is a gated model (meta-llama/..., for one), accept its licence on its page at "
@@ -104,20 +129,21 @@ def check_push_to_hub(push_to_hub: bool, hub_model_id: str) -> None:
 def start_mlflow_run(args, experiment: str) -> str:
     """Start this notebook run's MLflow run, log the notebook's settings (as `notebook.<name>`), return its id.
 
-    Precondition: args.output_dir and args.mlflow_tracking_uri are set (nbhelpers.metrics.mlflow_tracking_uri).
-    The Trainer's MLflow callback (`report_to=["mlflow"]`, rank 0) logs its settings and metrics into the same
+    The store: nbhelpers.metrics.mlflow_tracking_uri (MLFLOW_TRACKING_URI, else the project's store beside
+    args.output_dir). The Trainer's MLflow callback (`report_to=["mlflow"]`, rank 0) logs its settings and metrics into the same
     run: it reads MLFLOW_RUN_ID, set here and inherited by the ranks, and with MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING
     MLflow samples CPU, memory and (where nvidia-ml-py is installed) GPU use while it trains.
     """
     import mlflow
 
-    from nbhelpers.metrics import mlflow_experiment
+    from nbhelpers.metrics import mlflow_experiment, mlflow_tracking_uri
 
     os.environ.pop("MLFLOW_RUN_ID", None)  # a second run of the notebook in this kernel starts a new MLflow run
-    mlflow_experiment(experiment, args.mlflow_tracking_uri)
+    tracking_uri = mlflow_tracking_uri(args.output_dir)
+    mlflow_experiment(experiment, tracking_uri)
     with mlflow.start_run(run_name=Path(args.output_dir).name) as run:
         mlflow.log_params({f"notebook.{name}": value for name, value in vars(args).items()})
-    os.environ.update(MLFLOW_TRACKING_URI=args.mlflow_tracking_uri, MLFLOW_RUN_ID=run.info.run_id,
+    os.environ.update(MLFLOW_TRACKING_URI=tracking_uri, MLFLOW_RUN_ID=run.info.run_id,
                       MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING="true")
     return run.info.run_id
 

@@ -44,13 +44,18 @@ def peak_memory_bytes(device) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
-def mlflow_tracking_uri(output_dir, tracking_uri: str = "") -> str:
-    """`tracking_uri`, or one SQLite store for every run of the project: the folder above output_dir.
+def mlflow_tracking_uri(output_dir, tracking_uri: str | None = None) -> str:
+    """Where a run is tracked: `tracking_uri`, else MLFLOW_TRACKING_URI (MLflow's own setting), else on Databricks
+    the workspace ("databricks"), else one SQLite store for every run of the project: the folder above output_dir.
 
     Runs go to `runs/<name>` by default, so all of them land in `runs/mlflow.db`, one store to browse:
     `mlflow ui --backend-store-uri sqlite:///runs/mlflow.db`.
     """
-    return tracking_uri or f"sqlite:///{Path(output_dir).resolve().parent / 'mlflow.db'}"
+    if tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"):
+        return tracking_uri or os.environ["MLFLOW_TRACKING_URI"]
+    if os.environ.get("DATABRICKS_RUNTIME_VERSION"):
+        return "databricks"
+    return f"sqlite:///{Path(output_dir).resolve().parent / 'mlflow.db'}"
 
 
 def mlflow_experiment(name: str, tracking_uri: str) -> str:

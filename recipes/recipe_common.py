@@ -322,7 +322,7 @@ def mlflow_run(experiment: str, output_dir: str | Path, tracking_uri: str | None
         return
     import mlflow
 
-    mlflow_experiment(experiment, mlflow_tracking_uri(output_dir, tracking_uri or ""))
+    mlflow_experiment(experiment, mlflow_tracking_uri(output_dir, tracking_uri))
     with mlflow.start_run(run_name=Path(output_dir).name, log_system_metrics=True):
         mlflow.log_params({key: value for key, value in params.items() if key != "config"})
         yield mlflow

@@ -74,7 +74,8 @@ def pytest_xdist_make_scheduler(config, log):
 def standin(tmp_path_factory):
     """standin(NAME) -> folder of a tiny offline stand-in model (built once per test session).
 
-    NAME is an architecture of tests/standins.py, with "+mxfp4" for GPT-OSS experts stored as on the hub.
+    NAME is an architecture of tests/standins.py, with "+mxfp4" for GPT-OSS experts stored as on the hub, or
+    "@full" for the published size without weights (config and tokenizer: enough for the memory planner).
     """
     root = tmp_path_factory.mktemp("standins")
     built = {}
@@ -83,8 +84,9 @@ def standin(tmp_path_factory):
         if name not in built:
             import standins
 
-            arch, _, variant = name.partition("+")
-            built[name] = standins.make(arch, size="tiny", out=root / name, mxfp4=variant == "mxfp4")
+            arch, size = name.split("@") if "@" in name else (name, "tiny")
+            arch, _, variant = arch.partition("+")
+            built[name] = standins.make(arch, size=size, out=root / name, mxfp4=variant == "mxfp4", weights=size == "tiny")
         return built[name]
 
     return build
@@ -105,3 +107,10 @@ def notebook_run(tmp_path_factory, standin):
         return runs[id(case)]
 
     return run
+
+
+@pytest.fixture(autouse=True)
+def no_mlflow_store_chosen(monkeypatch):
+    """Each test starts without MLFLOW_TRACKING_URI: mlflow.set_tracking_uri() in an earlier test sets it in this
+    process, and the notebooks and recipes a test starts would track into that test's store instead of their own."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

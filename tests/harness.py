@@ -9,12 +9,15 @@ import operator
 import os
 import re
 import shutil
+
+import pytest
 from unittest import mock
 import tempfile
 from pathlib import Path
 
 import nbformat
 import papermill
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 HOOKS = REPO / "tests" / "hooks"  # sitecustomize.py + cookbook_hooks.py: see cookbook_hooks.py
@@ -66,7 +69,7 @@ def fill(value, output_dir: Path, standin):
             return str(generated_dataset(key.split(":", 1)[1]))
         raise KeyError(f"unknown placeholder {{{key}}} in a notebook case")
 
-    return re.sub(r"\{([a-z_]+(?::[A-Za-z0-9_.+\-]+)?)\}", sub, value)
+    return re.sub(r"\{([a-z_]+(?::[A-Za-z0-9_.+@\-]+)?)\}", sub, value)
 
 
 def run_notebook(case, workdir: Path, standin=None):
@@ -81,6 +84,11 @@ def run_notebook(case, workdir: Path, standin=None):
     workdir.mkdir(parents=True, exist_ok=True)
     output_dir = workdir / "output"
     parameters = {k: fill(v, output_dir, standin) for k, v in case.parameters.items()}
+    for name, value in parameters.items():  # a dict is a settings file: written as YAML, its path passed
+        if isinstance(value, dict):
+            path = workdir / f"{name}.yml"
+            path.write_text(yaml.safe_dump({k: fill(v, output_dir, standin) for k, v in value.items()}))
+            parameters[name] = str(path)
     executed = workdir / Path(case.notebook).name
     require_kernel(case.kernel)
     with hooks_in_kernel(case.hooks, workdir / "hooks"):
@@ -101,8 +109,13 @@ def run_notebook(case, workdir: Path, standin=None):
             ranks = sorted({r["rank"] for r in records if r["rank"] is not None})
             metrics["hooks"][name] = {"count": len(records), "ranks": ranks, "records": records}
     if any(name.startswith("mlflow.") for name in case.expect):  # e.g. "mlflow.models.model.loads"
-        metrics["mlflow"] = mlflow_store(metrics["mlflow_tracking_uri"])
+        metrics["mlflow"] = mlflow_store(project_store(workdir))
     return metrics, nbformat.read(executed, as_version=4)
+
+
+def project_store(workdir: Path) -> str:
+    """The MLflow store a case's run went to: the project's, in the folder above its output_dir."""
+    return f"sqlite:///{workdir / 'mlflow.db'}"
 
 
 def mlflow_store(tracking_uri: str) -> dict:
@@ -145,14 +158,16 @@ def _hook_module():
 
 @contextlib.contextmanager
 def hooks_in_kernel(hooks: tuple, folder: Path):
-    """Start the kernel (and so all it starts) with the test hooks `hooks` installed, recording into `folder`."""
-    if not hooks:
-        yield
-        return
-    _hook_module().parse(",".join(hooks))  # an unknown name fails here, not as a warning in the kernel's log
-    added = {"PYTHONPATH": os.pathsep.join(filter(None, [str(HOOKS), os.environ.get("PYTHONPATH")])),
-             "COOKBOOK_TEST_HOOKS": ",".join(hooks), "COOKBOOK_TEST_HOOKS_DIR": str(folder)}
+    """Start the kernel (and so all it starts) with the test hooks `hooks` installed, recording into `folder`, and
+    without an MLflow store chosen for it (MLflow's set_tracking_uri in this process sets MLFLOW_TRACKING_URI, which
+    a kernel would inherit: each case's runs go to its own project store)."""
+    added = {}
+    if hooks:
+        _hook_module().parse(",".join(hooks))  # an unknown name fails here, not as a warning in the kernel's log
+        added = {"PYTHONPATH": os.pathsep.join(filter(None, [str(HOOKS), os.environ.get("PYTHONPATH")])),
+                 "COOKBOOK_TEST_HOOKS": ",".join(hooks), "COOKBOOK_TEST_HOOKS_DIR": str(folder)}
     with mock.patch.dict(os.environ, added):  # the kernel inherits this process's environment when papermill starts it
+        os.environ.pop("MLFLOW_TRACKING_URI", None)  # (patch.dict restores it afterwards)
         yield
 
 
@@ -204,3 +219,49 @@ def output_text(nb) -> str:
             elif out.get("output_type") == "error":
                 parts.append("\n".join(out.get("traceback", [])))
     return "".join(parts)
+
+
+def case_failures(case, metrics: dict, executed, workdir: Path) -> list[str]:
+    """What a case's run falls short of: its expectations, the files it must leave, the text its outputs must show."""
+    failures = check_expectations(case, metrics)
+    failures += [f"output_dir has no {name}" for name in case.files if not (workdir / "output" / name).exists()]
+    text = output_text(executed)
+    failures += [f"its outputs do not show {expected!r}" for expected in case.output_contains if expected not in text]
+    return failures
+
+
+def _files_in_the_repo() -> set:
+    """Every file under the repository but the environments, git's and caches."""
+    found = set()
+    for folder, subfolders, files in os.walk(REPO):
+        subfolders[:] = [d for d in subfolders if d not in (".git", "__pycache__", ".ipynb_checkpoints", ".pytest_cache")
+                         and not d.startswith((".venv", ".devsite"))]
+        found.update(os.path.join(folder, f) for f in files)
+    return found
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.device_count() > 0
+
+
+def _case_id(case) -> str:
+    name = case.notebook.removeprefix("notebooks/")
+    return name if case.parameters.get("num_gpus") is None else f"{name}-num_gpus={case.parameters['num_gpus']}"
+
+
+def assert_case_passes(case, notebook_run) -> None:
+    """Run `case` (once per session: notebook_run) and check everything it promises."""
+    if case.gpu_only and not _has_gpu():
+        pytest.skip(f"needs a GPU: {case.gpu_only} (GPU evidence: benchmarks/results/)")
+    before = _files_in_the_repo()
+    metrics, executed, workdir = notebook_run(case)
+    written = sorted(os.path.relpath(p, REPO) for p in _files_in_the_repo() - before)
+    assert not written, f"{case.notebook} wrote into the repository instead of output_dir: {written[:5]}"
+    failures = case_failures(case, metrics, executed, workdir)
+    assert not failures, f"{case.notebook}: " + "; ".join(failures)
+
+
+def case_ids(cases) -> list[str]:
+    return [_case_id(c) for c in cases]

@@ -38,7 +38,7 @@ def killed_then_resumed(tmp_path_factory, standin):
     """The YAML-driven run, killed after its first checkpoint, then run again in the same folder: (workdir, metrics)."""
     workdir = tmp_path_factory.mktemp("killed_then_resumed")
     killed = dataclasses.replace(FROM_USER_CONFIG, hooks=("kill_rank_after_checkpoint=1",))
-    with pytest.raises(papermill.PapermillExecutionError, match="the command failed"):
+    with pytest.raises(papermill.PapermillExecutionError, match="failed with exit code"):
         run_notebook(killed, workdir, standin)
     return workdir, run_notebook(FROM_USER_CONFIG, workdir, standin)[0]
 

@@ -6,9 +6,11 @@ import linecache
 import multiprocessing
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -701,7 +703,8 @@ def test_ranks_silent_by_design_are_not_stalled_while_their_stacks_move(capsys):
     assert_nothing_left_running()
 
 
-def test_a_launch_writes_no_file_or_folder_into_the_temporary_directory(tmp_path, monkeypatch):
+def test_a_launch_writes_no_file_or_folder_into_the_temporary_directory(monkeypatch):
+    tmp_path = Path(tempfile.mkdtemp(prefix="nbh-", dir="/tmp"))  # short, as a real TMPDIR
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     import tempfile
 
@@ -711,7 +714,9 @@ def test_a_launch_writes_no_file_or_folder_into_the_temporary_directory(tmp_path
         distributed(_fails_on_rank_1).distributed()
     with pytest.raises(DistributedError):
         distributed(stall_timeout=1)(_sleeps).distributed(30)
-    assert [p.name for p in tmp_path.iterdir()] == []
+    left = [p.name for p in tmp_path.iterdir()]
+    tmp_path.rmdir() if not left else None
+    assert left == []
 
 
 SIGKILLED_DRIVER = """
@@ -726,7 +731,8 @@ distributed(stall_timeout=60)(sleeps).distributed()
 """
 
 
-def test_a_sigkilled_driver_leaves_no_rank_and_no_file_behind(tmp_path):
+def test_a_sigkilled_driver_leaves_no_rank_and_no_file_behind():
+    tmp_path = Path(tempfile.mkdtemp(prefix="nbh-", dir="/tmp"))  # short: the fork server's socket path must fit
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     driver = subprocess.Popen([sys.executable, "-c", SIGKILLED_DRIVER], env=env, stdout=subprocess.PIPE, text=True)
     try:
@@ -742,7 +748,9 @@ def test_a_sigkilled_driver_leaves_no_rank_and_no_file_behind(tmp_path):
     assert len(ranks) == 2, ranks
     _, alive = psutil.wait_procs(ranks, timeout=10)
     assert not alive, f"ranks outlived their driver: {alive}"
-    assert not [p for p in tmp_path.rglob("nbhelpers-*")], list(tmp_path.rglob("*"))
+    left = [p for p in tmp_path.rglob("nbhelpers-*")]
+    shutil.rmtree(tmp_path, ignore_errors=True)
+    assert not left, left
 
 
 def _rank():

@@ -370,7 +370,7 @@ def test_invoice_replies_are_scored_without_qwens_think_block():
 
 
 def test_torch_logprobs_match_autograd_of_log_softmax():
-    from nbhelpers.trl_cpu import TorchChunkedLogProbFunction
+    from cpu_fixes import TorchChunkedLogProbFunction
 
     torch.manual_seed(0)
     hidden = torch.randn(7, 16, requires_grad=True)

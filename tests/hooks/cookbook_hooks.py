@@ -153,9 +153,55 @@ def simulate_gpus(value: str) -> None:
     when_imported("nbhelpers.local_engine", patch)
 
 
+def simulate_gpu_memory(value: str) -> None:
+    """The memory planner's pre-flight check (nbhelpers.fits) sees COUNTxGIB GPUs ("1x39.4": one 40 GB A100), as
+    a notebook on such a machine would; nothing else sees them (the ranks still run on the CPU)."""
+    count, gib = value.split("x")
+
+    def patch(module):
+        module.visible_gpus = lambda: [("simulated GPU", float(gib))] * int(count)
+
+    when_imported("nbhelpers.fits", patch)
+
+
+def record_trainer(value: str) -> None:
+    """After each Hugging Face Trainer.train() in a rank: what the Trainer ran as (its world size, the class of the
+    model it trained, FSDP or DeepSpeed and its ZeRO stage, the share of the parameters this rank holds)."""
+
+    def patch(module):
+        train = module.Trainer.train
+
+        def train_and_record(self, *args, **kwargs):
+            output = train(self, *args, **kwargs)
+            engine = getattr(self, "deepspeed", None)
+            parameters = list(self.model_wrapped.parameters())
+            held = sum(_local_numel(p) for p in parameters)
+            record("record_trainer", world_size=self.args.world_size, wrapped=type(self.model_wrapped).__name__,
+                   fsdp=bool(getattr(self, "is_fsdp_enabled", False)),
+                   zero_stage=engine.zero_optimization_stage() if engine is not None else None,
+                   held_fraction=held / max(1, sum(_full_numel(p) for p in parameters)),
+                   fsdp_config={k: (self.args.fsdp_config or {}).get(k) for k in ("version", "reshard_after_forward")})
+            return output
+
+        module.Trainer.train = train_and_record
+
+    when_imported("transformers.trainer", patch)
+
+
+def _local_numel(parameter) -> int:
+    local = getattr(parameter, "to_local", None)  # an FSDP2 DTensor: this rank's shard
+    if callable(local):
+        return local().numel()
+    return parameter.ds_tensor.numel() if hasattr(parameter, "ds_tensor") else parameter.numel()  # ZeRO-3: partition
+
+
+def _full_numel(parameter) -> int:
+    return parameter.ds_numel if hasattr(parameter, "ds_numel") else parameter.numel()  # a DTensor's numel is global
+
+
 HOOKS = {hook.__name__: hook for hook in (kill_rank_after_optimizer_step, kill_rank_while_writing_checkpoint,
                                           kill_rank_after_checkpoint, record_checkpoint_writers,
-                                          count_started_processes, simulate_gpus)}
+                                          count_started_processes, simulate_gpus, simulate_gpu_memory, record_trainer)}
 
 
 def parse(spec: str) -> dict:

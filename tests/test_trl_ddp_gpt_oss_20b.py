@@ -1,0 +1,78 @@
+"""notebooks/trl/ddp_gpt_oss_20b.ipynb: its smoke cases, a run killed after its first checkpoint resuming to the
+uninterrupted run's losses, the merged model, its MLflow run, and a model too large for the GPUs stopping before
+it loads. The cases' runs are shared (notebook_run), so this file's tests stay on one pytest-xdist worker."""
+import json
+
+import papermill
+import pytest
+import torch
+from harness import assert_case_passes, case_ids, hook_records, project_store, run_notebook
+from notebook_cases import CASES, NotebookCase
+from peft import PeftModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, Mxfp4Config
+from trl_checks import assert_mlflow_run_holds_settings_metrics_and_a_loadable_model, run_killed_then_resumed
+
+NOTEBOOK = "notebooks/trl/ddp_gpt_oss_20b.ipynb"
+MINE = [c for c in CASES if c.notebook == NOTEBOOK]
+SMOKE = MINE[0]
+pytestmark = pytest.mark.notebook
+
+
+@pytest.mark.parametrize("case", MINE, ids=case_ids(MINE))
+def test_notebook_meets_its_expectations(case, notebook_run):
+    assert_case_passes(case, notebook_run)
+
+
+def test_the_trainer_ran_as_ddp_on_both_ranks(notebook_run):
+    _, _, workdir = notebook_run(SMOKE)
+    records = hook_records(workdir, "record_trainer")
+    assert [(r["rank"], r["world_size"], r["wrapped"]) for r in sorted(records, key=lambda r: r["rank"])] == \
+        [(0, 2, "DistributedDataParallel"), (1, 2, "DistributedDataParallel")]
+
+
+def test_killed_run_resumes_to_the_uninterrupted_runs_losses(notebook_run, standin, tmp_path):
+    uninterrupted, _, _ = notebook_run(SMOKE)
+    resumed = run_killed_then_resumed(SMOKE, tmp_path, standin, merge_adapter=False)
+    assert uninterrupted["resumed_from"] == [None, None]
+    # Resuming restores weights, optimizer, scheduler, random states and the data position: the same losses, bit
+    # for bit
+    assert resumed["losses"] == uninterrupted["losses"]
+
+
+def test_merged_model_reloads_with_the_logits_of_base_plus_adapter(notebook_run, standin):
+    _, _, workdir = notebook_run(SMOKE)
+    output, base_path = workdir / "output", standin("gpt-oss-20b+mxfp4")
+    tokenizer = AutoTokenizer.from_pretrained(output / "merged")
+    inputs = tokenizer("¿Cuál es el capital de Australia? Canberra.", return_tensors="pt")
+    base = AutoModelForCausalLM.from_pretrained(base_path, quantization_config=Mxfp4Config(dequantize=True))
+    with torch.no_grad():
+        before = base(**inputs).logits
+        with_adapter = PeftModel.from_pretrained(base, output / "adapter")(**inputs).logits
+    merged, loading = AutoModelForCausalLM.from_pretrained(output / "merged", output_loading_info=True)
+    assert not any(loading.values()), f"the merged checkpoint does not load cleanly: {loading}"
+    assert "quantization_config" not in json.loads((output / "merged" / "config.json").read_text())
+    with torch.no_grad():
+        after = merged(**inputs).logits
+    difference, effect = (after - with_adapter).abs().max().item(), (with_adapter - before).abs().max().item()
+    # Tolerance: the merge rounds each W + BA once more than the adapter's forward does (fp32 here).
+    assert difference < 2e-2 and difference < 0.05 * effect, f"merged vs base + adapter {difference}, adapter {effect}"
+
+
+def test_mlflow_store_holds_settings_metrics_and_a_loadable_model(notebook_run):
+    metrics, _, workdir = notebook_run(SMOKE)
+    assert_mlflow_run_holds_settings_metrics_and_a_loadable_model(project_store(workdir), metrics)
+
+
+def test_a_model_too_large_for_the_gpus_stops_before_it_loads(standin, tmp_path):
+    """On one 40 GB GPU the full-size GPT-OSS-20B (config only: nothing is loaded) does not fit with DDP: the
+    planner's verdict stops the notebook before the model loads, with what would fit instead."""
+    case = NotebookCase(NOTEBOOK, {**SMOKE.parameters, "model_name_or_path": "{standin:gpt-oss-20b@full}",
+                                   "max_length": 2048}, hooks=("simulate_gpu_memory=1x39.4",), timeout=180)
+    with pytest.raises(papermill.PapermillExecutionError) as failure:
+        run_notebook(case, tmp_path, standin)
+    error = failure.value
+    assert error.ename == "WillNotFit"
+    assert "about 66.1 GiB per GPU are needed and one GPU has 39.4" in error.evalue
+    assert "What would fit: DeepSpeed ZeRO-3 on 4 such GPUs" in error.evalue
+    assert "check_memory=False" in error.evalue
+    assert not (tmp_path / "output" / "checkpoints").exists()
