@@ -1,6 +1,6 @@
-"""The Unsloth notebook's workflow beyond its smoke run (notebook_cases.py): a run killed after its first checkpoint
-resumes, on a rerun of the same command, to exactly the losses of the uninterrupted run; a model that cannot be found
-is named before any rank starts.
+"""notebooks/unsloth/ddp_llama_3_2_3b.ipynb: its smoke cases; the merged model gives base + adapter's logits; a run
+killed after its first checkpoint resumes, on a rerun of the same command, to exactly the losses of the uninterrupted
+run; a model that cannot be found is named before any rank starts.
 
 The uninterrupted run is the 2-rank smoke case itself (the notebook_run fixture runs it once per session). The kill
 is real: the `kill_rank_after_checkpoint` test hook SIGKILLs the last rank once the Trainer's first checkpoint is
@@ -10,16 +10,39 @@ import dataclasses
 
 import papermill
 import pytest
+import torch
+from harness import assert_case_passes, case_ids, hook_records, run_notebook
+from notebook_cases import CASES, NotebookCase
+from peft import PeftModel
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from nbhelpers import checkpoints
 
-from harness import hook_records, run_notebook
-from notebook_cases import CASES, NotebookCase
-
 NOTEBOOK = "notebooks/unsloth/ddp_llama_3_2_3b.ipynb"
-SMOKE = next(c for c in CASES if c.notebook == NOTEBOOK and c.parameters["num_gpus"] is None)
-
+MINE = [c for c in CASES if c.notebook == NOTEBOOK]
+SMOKE = MINE[0]
 pytestmark = pytest.mark.notebook
+
+
+@pytest.mark.parametrize("case", MINE, ids=case_ids(MINE))
+def test_notebook_meets_its_expectations(case, notebook_run):
+    assert_case_passes(case, notebook_run)
+
+
+def test_the_merged_model_gives_the_logits_of_base_plus_adapter(notebook_run, standin):
+    """Saved in 16 bits, the merged model's logits may differ from base + adapter's (fp32) by the rounding of its
+    weights, well under 0.02 here, while the adapter moves them by more than 0.1 (so dropping it would show)."""
+    _, _, workdir = notebook_run(SMOKE)
+    output = workdir / "output"
+    tokenizer = AutoTokenizer.from_pretrained(output / "adapter")
+    inputs = tokenizer("Continue the Fibonacci sequence: 1, 1, 2, 3, 5, 8,", return_tensors="pt")
+    base = AutoModelForCausalLM.from_pretrained(standin("llama-3.2-3b"), dtype=torch.float32)
+    with torch.no_grad():
+        before = base(**inputs).logits
+        with_adapter = PeftModel.from_pretrained(base, output / "adapter")(**inputs).logits
+        merged = AutoModelForCausalLM.from_pretrained(output / "merged", dtype=torch.float32)(**inputs).logits
+    assert (merged - with_adapter).abs().max().item() < 0.02
+    assert (with_adapter - before).abs().max().item() > 0.1
 
 
 def test_killed_run_resumes_to_the_same_losses(tmp_path, standin, notebook_run):
@@ -32,7 +55,7 @@ def test_killed_run_resumes_to_the_same_losses(tmp_path, standin, notebook_run):
     assert kill["rank"] == 1 and kill["path"].endswith("checkpoint-10"), kill
     checkpoints.verify(kill["path"])  # sealed before the kill: the one to resume from
 
-    resumed, _ = run_notebook(SMOKE, tmp_path, standin)  # the same command again, into the same output_dir
+    resumed, _ = run_notebook(SMOKE, tmp_path, standin)  # (its hook-free twin)  # the same command again, into the same output_dir
     assert [r.rsplit("/", 1)[-1] for r in resumed["resumed_from"]] == ["checkpoint-10", "checkpoint-10"]
     assert resumed["losses"] == uninterrupted["losses"], "resuming must reproduce the uninterrupted run exactly"
 
