@@ -64,9 +64,9 @@ UNSLOTH_SMOKE = {"output_dir": "{output_dir}", "model_name_or_path": "{standin:l
                  "config": {"gradient_accumulation_steps": 1, "save_steps": 10, "warmup_steps": 2}}
 
 AXOLOTL_SMOKE = {"output_dir": "{output_dir}", "num_gpus": 1, "model_name_or_path": "{standin:olmo-3-7b}",
-                 "dataset_name": "{data}/alpaca_messages/train.jsonl", "max_length": 256,
-                 "gradient_accumulation_steps": 1, "max_steps": 16, "save_steps": 8, "learning_rate": 0.01,
-                 "val_set_size": 0.02, "timing_warmup_steps": 2, "max_new_tokens": 8}
+                 "dataset_name": "{data}/alpaca_messages/train.jsonl", "max_length": 256, "max_steps": 16,
+                 "save_steps": 8, "learning_rate": 0.01,
+                 "config": {"gradient_accumulation_steps": 1, "val_set_size": 0.02}}
 
 CASES = [
     NotebookCase(
@@ -383,16 +383,13 @@ CASES = [
         expect={
             "world_size": ("==", 1),
             "final_loss_vs_initial": ("<", 0.95),
-            "final_eval_loss": ("<", ("initial_loss", 0.97)),
             "tokens_per_s": (">", 0),
-            "adapter_saved": ("==", True),
-            "merged_vs_adapter_max_logit_diff": ("<", 1e-3),
-            "adapter_vs_base_max_logit_diff": (">", 0.1),
             "mlflow.params.learning_rate": ("==", "0.01"),  # the Trainer's settings, logged by Axolotl's rank 0
             "mlflow.metrics.loss": ("==", ("final_loss", 1)),
             "mlflow.models.model.loads": ("==", True),  # the adapter, as an MLflow transformers model
             "mlflow.models.model.has_signature": ("==", True),
         },
+        files=("lora-out/adapter_model.safetensors", "merged/config.json", "config.yml", "loss.png"),
         timeout=600,
         kernel="cookbook-axolotl",
         output_contains=("axolotl.cli.preprocess", "Training completed",
