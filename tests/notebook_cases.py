@@ -122,7 +122,6 @@ CASES = [
             "world_size": ("==", 2),
             "final_loss": ("<", 0.1),
             "final_loss_vs_initial": ("<", 0.3),
-            "params_identical_across_ranks": ("==", True),
         },
         timeout=180,
         output_contains=("[rank 0]", "parameters identical on all 2 ranks: True"),
@@ -135,7 +134,6 @@ CASES = [
             "world_size": ("==", 1),
             "final_loss": ("<", 0.1),
             "final_loss_vs_initial": ("<", 0.3),
-            "params_identical_across_ranks": ("==", None),
             "mlflow.params.learning_rate": ("==", "0.003"),  # the project's store holds the run and its model
             "mlflow.metrics.train_loss": ("<", 0.1),
             **LOADABLE_MLFLOW_MODEL,
@@ -181,23 +179,16 @@ CASES = [
         output_contains=("[rank 0]", "weights identical on all 2 ranks: True"),
     ),
     NotebookCase(
-        # The real ~13M-parameter model, 2 CPU processes: every parameter sharded 1/2; the loss falls;
-        # the final checkpoint, loaded unsharded in the notebook's process, predicts what the sharded model did.
+        # 2 CPU processes, a small model: every parameter sharded 1/2; the loss falls; a checkpoint every 4 steps (the
+        # newest 2 kept); the final checkpoint, loaded unsharded in the notebook's process, predicts what the sharded
+        # model did. Also the uninterrupted run of tests/test_fsdp2_transformer.py's crashes.
         "notebooks/pytorch/fsdp2_transformer.ipynb",
-        parameters={"output_dir": "{output_dir}", "num_gpus": None, "max_length": 32, "per_device_train_batch_size": 8,
-                    "num_samples": 4096, "num_eval_samples": 64, "max_steps": 12, "warmup_steps": 4,
-                    "learning_rate": 0.001, "save_steps": 6},
-        expect={
-            "world_size": ("==", 2),
-            "num_parameters": (">", 12_000_000),
-            "every_param_sharded_1_over_world": ("==", True),
-            "final_loss_vs_initial": ("<", 0.6),
-            "checkpoints": ("==", ["step_6", "step_12"]),
-            "unsharded_checkpoint": ("==", "step_12"),
-            "unsharded_vs_sharded_max_logit_diff": ("<", 1e-4),
-        },
+        parameters={"output_dir": "{output_dir}", "num_gpus": None, "num_hidden_layers": 2, "hidden_size": 64,
+                    "max_length": 32, "num_samples": 2048, "per_device_train_batch_size": 16, "max_steps": 12,
+                    "learning_rate": 0.01, "save_steps": 4},
+        expect={"world_size": ("==", 2), "final_loss_vs_initial": ("<", 0.6)},
         timeout=240,
-        output_contains=("[rank 0]",),
+        output_contains=("[rank 0]", "each rank holds 1/2 of every one: True", "unsharded model from step_12"),
     ),
     NotebookCase(
         # The guide on 2 CPU processes (gloo) with the tiny Llama stand-in: every section runs. The rank that dies
@@ -231,24 +222,21 @@ CASES = [
         output_contains=("[rank 0]", "resuming from", "no rank of skips_a_barrier() made progress"),
     ),
     NotebookCase(
-        # One rank holds every parameter whole: the notebook says nothing is sharded (null, not true). A small
-        # model; its MLflow store holds the run's params and metrics and the unsharded model, which loads and predicts.
+        # One rank holds every parameter whole: the notebook says nothing is sharded. Its MLflow store holds the run's
+        # params and metrics and the unsharded model, which loads and predicts.
         "notebooks/pytorch/fsdp2_transformer.ipynb",
         parameters={"output_dir": "{output_dir}", "num_gpus": 1, "num_hidden_layers": 2, "hidden_size": 64,
-                    "num_attention_heads": 4, "intermediate_size": 256, "max_length": 32, "num_samples": 1024,
-                    "num_eval_samples": 64, "per_device_train_batch_size": 16, "max_steps": 6, "warmup_steps": 2,
+                    "max_length": 32, "num_samples": 1024, "per_device_train_batch_size": 16, "max_steps": 6,
                     "learning_rate": 0.001, "save_steps": 3},
         expect={
             "world_size": ("==", 1),
-            "every_param_sharded_1_over_world": ("==", None),
             "final_loss_vs_initial": ("<", 1.0),
-            "checkpoints": ("==", ["step_3", "step_6"]),
-            "unsharded_vs_sharded_max_logit_diff": ("<", 1e-4),
             "mlflow.params.learning_rate": ("==", "0.001"),
             "mlflow.metrics.samples_per_s": (">", 0),
             **LOADABLE_MLFLOW_MODEL,
             "mlflow.models.model.predicts": ("==", True),
         },
+        files=("checkpoints/step_3", "checkpoints/step_6", "loss.png"),
         timeout=180,
         output_contains=("one rank: it holds all 30 parameters whole; nothing is sharded",),
     ),
