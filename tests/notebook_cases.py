@@ -159,24 +159,16 @@ CASES = [
         output_contains=("one rank: it wrote every checkpoint and computed every metric itself; nothing to compare",),
     ),
     NotebookCase(
-        # 30 steps of 2 images per rank, from scratch, on the coloured-shapes COCO set at 96 px: the loss
-        # falls (to about 0.78 of its start here); evaluation scores both ranks' detections together
-        # (a meaningful mAP needs the longer GPU run: benchmarks/gpu/pytorch.sh); DDP kept the weights identical.
-        # One rank, resume after a kill and the MLflow model: tests/test_retinanet_notebook.py.
+        # 30 steps of 2 images per rank, from scratch, on the coloured-shapes COCO set at 96 px: the loss falls
+        # (tests/test_retinanet_notebook.py compares the means of its first and last tenth); evaluation scores both
+        # ranks' detections together (a meaningful mAP needs the longer GPU run); DDP kept the weights identical.
         "notebooks/pytorch/ddp_retinanet.ipynb",
         parameters={"output_dir": "{output_dir}", "num_gpus": None, "dataset_name": "{dataset:detection}",
-                    "min_size": 96, "max_size": 96, "per_device_train_batch_size": 2, "max_steps": 30,
-                    "warmup_steps": 4, "learning_rate": 0.02, "dataloader_num_workers": 0, "max_eval_samples": 16,
-                    "timing_warmup_steps": 2},
-        expect={
-            "world_size": ("==", 2),
-            "final_loss_vs_initial": ("<", 0.88),
-            "eval_images_scored": ("==", 16),
-            "images_per_s": (">", 0),
-            "weights_identical_across_ranks": ("==", True),
-        },
+                    "image_size": 96, "per_device_train_batch_size": 2, "num_train_epochs": 1, "max_train_samples": 120,
+                    "learning_rate": 0.02, "dataloader_num_workers": 0, "max_eval_samples": 16},
+        expect={"world_size": ("==", 2), "images_per_s": (">", 0), "val_map": (">=", 0)},
         timeout=240,
-        output_contains=("[rank 0]", "weights identical on all 2 ranks: True"),
+        output_contains=("[rank 0]", "weights identical on all 2 ranks: True", "validation mAP", "on 16 images"),
     ),
     NotebookCase(
         # 2 CPU processes, a small model: every parameter sharded 1/2; the loss falls; a checkpoint every 4 steps (the
