@@ -143,17 +143,15 @@ CASES = [
         output_contains=("[rank 0]", "one rank: nothing to compare"),
     ),
     NotebookCase(
-        # One rank writes every checkpoint and computes every metric itself: nothing to compare (null). The 2-rank
-        # run, resume after a kill and bad input: tests/test_lightning_notebook.py.
+        # One rank writes every checkpoint and computes every metric itself, and says there is nothing to compare.
+        # The 2-rank run, resume after a kill and bad input: tests/test_lightning_notebook.py.
         "notebooks/lightning/ddp_two_tower.ipynb",
         parameters={"output_dir": "{output_dir}", "dataset_name": "{data}/ratings/item_ratings.csv", "num_gpus": 1,
                     "num_train_epochs": 3, "per_device_train_batch_size": 256, "dataloader_num_workers": 0},
         expect={
             "world_size": ("==", 1),
-            "lightning_world_size": ("==", 1),
-            "test_auroc_same_on_all_ranks": ("==", None),
             "final_loss": ("<", ("initial_loss", 0.8)),
-            "best_checkpoint_stamp_rank": ("==", 0),
+            "cluster_environment": ("==", ["TorchElasticEnvironment"]),
         },
         timeout=180,
         output_contains=("one rank: it wrote every checkpoint and computed every metric itself; nothing to compare",),

@@ -9,7 +9,8 @@ from notebook_cases import CASES
 # (pytest-xdist's --dist loadfile keeps a file's tests on one worker, where the session's runs are).
 OWN_FILE = {f"notebooks/trl/{name}.ipynb" for name in ("ddp_gpt_oss_20b", "fsdp_gpt_oss_120b", "deepspeed_llama_3_2_1b")}
 OWN_FILE |= {"notebooks/unsloth/ddp_llama_3_2_3b.ipynb", "notebooks/axolotl/ddp_olmo3_7b.ipynb",
-             "notebooks/pytorch/fsdp2_transformer.ipynb", "notebooks/pytorch/ddp_retinanet.ipynb"}
+             "notebooks/pytorch/fsdp2_transformer.ipynb", "notebooks/pytorch/ddp_retinanet.ipynb",
+             "notebooks/lightning/ddp_two_tower.ipynb"}
 HERE = [c for c in CASES if c.notebook not in OWN_FILE]
 
 
