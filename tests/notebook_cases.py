@@ -181,35 +181,18 @@ CASES = [
         output_contains=("[rank 0]", "each rank holds 1/2 of every one: True", "unsharded model from step_12"),
     ),
     NotebookCase(
-        # The guide on 2 CPU processes (gloo) with the tiny Llama stand-in: every section runs. The rank that dies
-        # comes from the harness (killed inside its 2nd checkpoint write, at step 8); the same launch again
-        # resumes from step 4's checkpoint and ends on the uninterrupted run's loss. torch.compile's row uses
-        # aot_eager (inductor's C++ code generation takes minutes on 2 cores; the GPU run uses inductor).
+        # The guide on 2 CPU processes (gloo) with the tiny Llama stand-in: every section runs and says what it
+        # measured (tests/test_performance_and_resilience.py reads it). Its failure demo's last rank fails at step 6;
+        # the same launch again resumes from step 4's checkpoint to the uninterrupted run's losses.
         "notebooks/performance_and_resilience.ipynb",
         parameters={"output_dir": "{output_dir}", "num_gpus": None, "model_name_or_path": "{standin:llama-3.2-1b}",
                     "dataset_name": "{data}/alpaca", "max_length": 64, "per_device_train_batch_size": 2,
                     "learning_rate": 0.001, "timing_warmup_steps": 1, "timed_steps": 2, "dataloader_num_workers": 1,
-                    "torch_compile_backend": "aot_eager", "max_steps": 10, "save_steps": 4, "crash_at_step": 0},
-        hooks=("kill_rank_while_writing_checkpoint=2",),
-        expect={
-            "world_size": ("==", 2),
-            "knob_changes": ("==", ["baseline (FSDP2, bf16, eager)", "fp32 instead of bf16", "activation checkpointing",
-                                    "2x batch size", "FSDP2 reshard_after_forward=False", "DDP instead of FSDP2",
-                                    "DataLoader: 0 workers, pageable memory", "torch.compile (aot_eager)"]),
-            "hooks.kill_rank_while_writing_checkpoint.ranks": ("==", [1]),
-            "failed_rank": ("==", 1),
-            "failure_signal": ("==", "SIGKILL"),
-            "resumed_from_step": ("==", 4),
-            "resumed_vs_uninterrupted_max_loss_difference": ("<", 1e-5),
-            "final_loss": ("<", ("initial_loss", 0.9)),
-            "stall_caught": ("==", True),
-            "stall_waits": ("==", {"0": "barrier", "1": "all_reduce"}),
-            "timeout_error_says_timed_out": ("==", True),
-            "torchrun_exit_code": ("==", 0),
-            "torchrun_attempts_done": ("==", [1]),
-        },
+                    "max_steps": 10, "save_steps": 4},
+        expect={"world_size": ("==", 2), "final_loss": ("<", ("initial_loss", 0.9)), "tokens_per_s": (">", 0)},
+        files=("profile/rank0.pt.trace.json", "profile/rank1.pt.trace.json", "knobs.png"),
         timeout=300,
-        output_contains=("[rank 0]", "resuming from", "no rank of skips_a_barrier() made progress"),
+        output_contains=("[rank 0]", "resuming from"),
     ),
     NotebookCase(
         # One rank holds every parameter whole: the notebook says nothing is sharded. Its MLflow store holds the run's

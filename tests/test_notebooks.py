@@ -10,7 +10,8 @@ from notebook_cases import CASES
 OWN_FILE = {f"notebooks/trl/{name}.ipynb" for name in ("ddp_gpt_oss_20b", "fsdp_gpt_oss_120b", "deepspeed_llama_3_2_1b")}
 OWN_FILE |= {"notebooks/unsloth/ddp_llama_3_2_3b.ipynb", "notebooks/axolotl/ddp_olmo3_7b.ipynb",
              "notebooks/pytorch/fsdp2_transformer.ipynb", "notebooks/pytorch/ddp_retinanet.ipynb",
-             "notebooks/lightning/ddp_two_tower.ipynb", "notebooks/choose_your_technique.ipynb"}
+             "notebooks/lightning/ddp_two_tower.ipynb", "notebooks/choose_your_technique.ipynb",
+             "notebooks/performance_and_resilience.ipynb"}
 HERE = [c for c in CASES if c.notebook not in OWN_FILE]
 
 
