@@ -73,14 +73,14 @@ quickstart: $(QUICKSTART_STAMP)
 # removed afterwards, so what an earlier run left on the machine (e.g. /tmp/ray) can neither make them pass
 # nor fail. The installs above keep the real HOME (pip's configuration, e.g. a local index, lives there).
 # PYTEST_ARGS picks tests, e.g. make test PYTEST_ARGS="tests/test_distributed.py -x".
-# TEST_WORKERS pytest processes share the tests (pytest-xdist): the tests spend half their time waiting (process
-# starts, kernels, rendezvous), so two streams fit a 2-core machine; tests/conftest.py keeps the tests that share
-# a run (one notebook's cases, one file's fixtures) on one worker. TEST_WORKERS=0 runs them in this process.
+# TEST_WORKERS pytest processes share the tests (pytest-xdist): the tests spend much of their time waiting (process
+# starts, kernels, rendezvous), so three streams fit a 2-core machine. --dist loadfile keeps each file's tests on
+# one worker: a notebook's cases live in one file with the tests that reuse their runs. TEST_WORKERS=0: no xdist.
 PYTEST_ARGS ?=
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 test: setup setup-axolotl
 	@scratch=$$(mktemp -d "$${TMPDIR:-/tmp}/cookbook-test.XXXXXX") && trap 'rm -rf "$$scratch"' EXIT && \
 	mkdir "$$scratch/tmp" "$$scratch/home" && echo "make test: TMPDIR and HOME are fresh folders in $$scratch" && \
 	TMPDIR="$$scratch/tmp" HOME="$$scratch/home" \
 	HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 AXOLOTL_DO_NOT_TRACK=1 RAY_USAGE_STATS_ENABLED=0 \
-		$(abspath $(VENV))/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+		$(abspath $(VENV))/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)

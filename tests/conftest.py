@@ -32,44 +32,6 @@ from after_import import when_imported  # noqa: E402
 for _module in cpu_fixes.FIXES:
     when_imported(_module, cpu_fixes.apply_without_gpus)
 
-# Files whose tests share a group: they reuse the runs of one notebook's cases in test_notebooks.py (notebook_run).
-GROUP_OF_FILE = {
-    "test_trl_workflow.py": "trl", "test_unsloth_notebook.py": "ddp_llama_3_2_3b",
-    "test_axolotl_notebook.py": "ddp_olmo3_7b", "test_retinanet_notebook.py": "ddp_retinanet",
-    "test_lightning_notebook.py": "ddp_two_tower", "test_fsdp2_checkpoints.py": "fsdp2_transformer",
-    "test_ray_recipes.py": "ray", "test_ray.py": "ray",  # one Ray test cluster on the machine at a time
-}
-
-
-def group_of(nodeid: str) -> str:
-    """The group of the test with this id: its file's group, or for a notebook's case in test_notebooks.py its
-    notebook's (the TRL notebooks share one)."""
-    path, _, name = nodeid.partition("::")
-    file = Path(path).name
-    if file == "test_notebooks.py" and ".ipynb" in name:
-        notebook = name[name.index("[") + 1:name.index(".ipynb")]  # the case's id starts with its notebook
-        return "trl" if notebook.startswith("trl/") else Path(notebook).name
-    return GROUP_OF_FILE.get(file, file)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    """Under pytest-xdist (`make test`: -n 2 --dist loadgroup) each group (group_of) runs on one worker: a file's tests
-    together (its module fixtures are built once), one notebook's cases with the tests that reuse their runs, and the
-    Ray tests (one cluster at a time). xdist's own loadgroup finds groups through `xdist_group` marks written into
-    the test ids, which pytest 9.2 no longer lets it do (pytest-xdist issue 1386): every test became its own group,
-    silently. This scheduler reads the group from the id itself."""
-    if config.getvalue("dist") != "loadgroup":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class GroupScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return group_of(nodeid)
-
-    return GroupScheduling(config, log)
-
-
 @pytest.fixture(scope="session")
 def standin(tmp_path_factory):
     """standin(NAME) -> folder of a tiny offline stand-in model (built once per test session).

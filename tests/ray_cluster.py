@@ -29,6 +29,7 @@ What keeps it on loopback and quiet (Ray 2.60, read from its source):
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import tempfile
@@ -72,8 +73,12 @@ def _loopback_addresses():
 def start_loopback_cluster(nodes: int = 2, cpus_per_node: int = 1):
     """Start `nodes` Ray nodes on 127.0.0.1; return (cluster, env for subprocesses that should join it).
 
-    This process's environment is left as it was: only the nodes' processes get the settings."""
+    This process's environment is left as it was: only the nodes' processes get the settings. One cluster runs on
+    the machine at a time (test files on other pytest-xdist workers wait for it): two would share 2 cores."""
     from ray.cluster_utils import Cluster
+
+    one_at_a_time = open(os.path.join(tempfile.gettempdir(), "cookbook-ray-cluster.lock"), "w")
+    fcntl.flock(one_at_a_time, fcntl.LOCK_EX)
 
     scratch = tempfile.mkdtemp(prefix="rayt-", dir="/tmp")  # short: Ray's unix socket paths must fit 107 bytes
     home = os.path.join(scratch, "home")
@@ -83,7 +88,7 @@ def start_loopback_cluster(nodes: int = 2, cpus_per_node: int = 1):
         f.write("{}\n")
     common = dict(num_cpus=cpus_per_node, node_ip_address="127.0.0.1", object_store_memory=80 * 2**20)
     cluster = Cluster(shutdown_at_exit=True)
-    cluster.scratch = scratch
+    cluster.scratch, cluster.one_at_a_time = scratch, one_at_a_time
     try:
         with _environment(**QUIET_LOOPBACK_ENV, RAY_TMPDIR=scratch), _loopback_addresses():
             with _environment(HOME=home):
@@ -112,6 +117,7 @@ def stop_loopback_cluster(cluster) -> None:
     ray.shutdown()
     cluster.shutdown()
     shutil.rmtree(cluster.scratch, ignore_errors=True)
+    cluster.one_at_a_time.close()  # the next cluster may start
 
 
 if __name__ == "__main__":  # a cluster to experiment with: prints its address, runs until Ctrl-C

@@ -706,8 +706,6 @@ def test_ranks_silent_by_design_are_not_stalled_while_their_stacks_move(capsys):
 def test_a_launch_writes_no_file_or_folder_into_the_temporary_directory(monkeypatch):
     tmp_path = Path(tempfile.mkdtemp(prefix="nbh-", dir="/tmp"))  # short, as a real TMPDIR
     monkeypatch.setenv("TMPDIR", str(tmp_path))
-    import tempfile
-
     monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
     assert distributed(_rank).distributed() == [0, 1]
     with pytest.raises(DistributedError):
