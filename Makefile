@@ -1,6 +1,8 @@
 # Two commands: `make quickstart` (set up, run the getting-started and DDP MLP notebooks headless)
 # and `make test` (set up, run every test). Both install into .venv from this repo's files.
 PYTHON ?= python3
+# The two environments install side by side (pip waits on downloads and unpacking as much as on the CPU).
+MAKEFLAGS += --jobs=2
 VENV ?= .venv
 # torch is pinned: this pair lies on the CI machine's disk (a CUDA build that also runs on CPU).
 # On a GPU machine pick your CUDA build, e.g. make setup TORCH="torch==2.11.0 torchvision==0.26.0"
@@ -50,7 +52,7 @@ $(VENV)/.installed-%: pyproject.toml Makefile
 # and Jupyter look for kernels.
 setup-axolotl: $(AXOLOTL_VENV)/.installed
 
-$(AXOLOTL_VENV)/.installed: environments/axolotl/requirements.txt pyproject.toml Makefile $(VENV)/.installed-$(EXTRAS)
+$(AXOLOTL_VENV)/.installed: environments/axolotl/requirements.txt pyproject.toml Makefile
 	$(call need_free_gb,$(AXOLOTL_VENV),6,AXOLOTL_VENV)
 	test -x $(AXOLOTL_VENV)/bin/python || $(PYTHON) -m venv $(AXOLOTL_VENV)
 	$(AXOLOTL_VENV)/bin/python -m pip install -q --upgrade pip
@@ -74,10 +76,10 @@ quickstart: $(QUICKSTART_STAMP)
 # nor fail. The installs above keep the real HOME (pip's configuration, e.g. a local index, lives there).
 # PYTEST_ARGS picks tests, e.g. make test PYTEST_ARGS="tests/test_distributed.py -x".
 # TEST_WORKERS pytest processes share the tests (pytest-xdist): the tests spend much of their time waiting (process
-# starts, kernels, rendezvous), so three streams fit a 2-core machine. --dist loadfile keeps each file's tests on
+# starts, kernels, rendezvous), so five streams keep a 2-core machine busy. --dist loadfile keeps each file's tests on
 # one worker: a notebook's cases live in one file with the tests that reuse their runs. TEST_WORKERS=0: no xdist.
 PYTEST_ARGS ?=
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 5
 test: setup setup-axolotl
 	@scratch=$$(mktemp -d "$${TMPDIR:-/tmp}/cookbook-test.XXXXXX") && trap 'rm -rf "$$scratch"' EXIT && \
 	mkdir "$$scratch/tmp" "$$scratch/home" && echo "make test: TMPDIR and HOME are fresh folders in $$scratch" && \

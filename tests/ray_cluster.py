@@ -87,6 +87,9 @@ def start_loopback_cluster(nodes: int = 2, cpus_per_node: int = 1):
     with open(os.path.join(home, "ray_bootstrap_config.yaml"), "w") as f:
         f.write("{}\n")
     common = dict(num_cpus=cpus_per_node, node_ip_address="127.0.0.1", object_store_memory=80 * 2**20)
+    # An MLflow store an earlier test chose in this process (mlflow.set_tracking_uri sets MLFLOW_TRACKING_URI) must not
+    # reach the nodes: the recipes track into their own project's store.
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
     cluster = Cluster(shutdown_at_exit=True)
     cluster.scratch, cluster.one_at_a_time = scratch, one_at_a_time
     try:

@@ -11,9 +11,9 @@ from notebook_cases import CASES, LOADABLE_MLFLOW_MODEL, NotebookCase
 
 NOTEBOOK = "notebooks/pytorch/ddp_retinanet.ipynb"
 MINE = [c for c in CASES if c.notebook == NOTEBOOK]
-# two epochs of 4 steps: 8 training images, 2 per step, one rank
+# two epochs of 6 steps (the 6th of each is timed): 12 training images, 2 per step, one rank
 ONE_RANK = {"output_dir": "{output_dir}", "num_gpus": 1, "dataset_name": "{dataset:detection}", "image_size": 64,
-            "per_device_train_batch_size": 2, "num_train_epochs": 2, "max_train_samples": 8, "learning_rate": 0.02,
+            "per_device_train_batch_size": 2, "num_train_epochs": 2, "max_train_samples": 12, "learning_rate": 0.02,
             "dataloader_num_workers": 0, "max_eval_samples": 2}
 EXPECT = {
     "world_size": ("==", 1),
@@ -59,8 +59,8 @@ def test_one_rank_has_nothing_to_compare_and_its_model_is_in_mlflow(uninterrupte
 
 def test_run_killed_in_its_second_epoch_resumes_from_the_first_to_the_same_losses(tmp_path, uninterrupted):
     with pytest.raises(papermill.PapermillExecutionError):
-        run(tmp_path, hooks=("kill_rank_after_optimizer_step=6",))
-    assert [r["step"] for r in hook_records(tmp_path, "kill_rank_after_optimizer_step")] == [6], "killed at step 6"
+        run(tmp_path, hooks=("kill_rank_after_optimizer_step=8",))
+    assert [r["step"] for r in hook_records(tmp_path, "kill_rank_after_optimizer_step")] == [8], "killed at step 8"
     assert sorted(p.name for p in (tmp_path / "output").glob("checkpoint.pt*")) == ["checkpoint.pt"]
 
     _, resumed, text = run(tmp_path)  # the same command again
