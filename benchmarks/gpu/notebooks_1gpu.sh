@@ -85,7 +85,7 @@ gpt_oss_120b() {
 }
 llm_small() {
   standin llama-3.2-1b && pm llama_zero3 notebooks/trl/deepspeed_llama_3_2_1b.ipynb -p model_name_or_path "$models/llama-3.2-1b" \
-    -p dataset_name "$data/capybara" -p max_steps 6 -p config "$(config llama_zero3 'save_steps: 100' 'logging_steps: 1')"
+    -p dataset_name "$data/capybara" -p max_steps 6 -p config "$(config llama_zero3 'save_steps: 200' 'logging_steps: 1')"
   rm -rf "$models/llama-3.2-1b" "$runs/llama_zero3/checkpoints" "$runs/llama_zero3/final"
   standin llama-3.2-3b && UNSLOTH_COMPILE_LOCATION=$work/unsloth_cache pm unsloth notebooks/unsloth/ddp_llama_3_2_3b.ipynb \
     -p model_name_or_path "$models/llama-3.2-3b" -p dataset_name "$data/finetome" -p max_steps 10 \
