@@ -39,13 +39,14 @@ QUICKSTART_STAMP = $(if $(wildcard $(VENV)/.installed-all),$(VENV)/.installed-al
 # One stamp per set of extras: `make quickstart` (dev) and then `make test` (all) installs the rest.
 setup: $(VENV)/.installed-$(EXTRAS)
 
-$(VENV)/.installed-%: pyproject.toml Makefile
+# constraints.txt: the versions the tests passed with, so an install a month from now gets them too.
+$(VENV)/.installed-%: pyproject.toml constraints.txt Makefile
 	$(call need_free_gb,$(VENV),$(if $(filter dev,$*),2,9),VENV)
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip
 	$(VENV)/bin/python -m pip install -q $(call torch_for,$*)
 	echo "$(call torch_for,$*)" | tr ' ' '\n' > $(VENV)/torch-pin.txt
-	$(VENV)/bin/python -m pip install -q -c $(VENV)/torch-pin.txt -e ".[$*]"
+	$(VENV)/bin/python -m pip install -q -c $(VENV)/torch-pin.txt -c constraints.txt -e ".[$*]"
 	touch $@
 
 # The notebook kernel `cookbook-axolotl` runs in .venv-axolotl; its spec goes into .venv, where papermill

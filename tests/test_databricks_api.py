@@ -3,8 +3,12 @@
 
 Each cell below keeps the decorator, the arguments and the call of a documented example; where the example's
 body binds a CUDA device or picks NCCL, the body here picks gloo without GPUs, as the cookbook's notebooks do.
-The README's table "Databricks' names, here" lists every documented name and what it does on this machine.
+The README's table in "On Databricks" lists every documented name and what it does on this machine; the last test
+checks that each of them is run here.
 """
+import re
+from pathlib import Path
+
 import pytest
 from launcher_checks import simulate_gpus
 
@@ -137,12 +141,12 @@ def test_the_bare_decorator_runs_on_every_gpu_of_the_node():
     assert [r["rank"] for r in namespace["results"]] == [0, 1]
 
 
-def test_gpu_pool_variables_are_databricks_provisioning_and_said_to_be_ignored(monkeypatch, capsys):
-    monkeypatch.setenv("DATABRICKS_REMOTE_GPU_POOL_ID", "pool-1234")
+@pytest.mark.parametrize("variable", ["DATABRICKS_REMOTE_GPU_POOL_ID", "DATABRICKS_USE_RESERVED_GPU_POOL"])
+def test_gpu_pool_variables_are_databricks_provisioning_and_said_to_be_ignored(monkeypatch, capsys, variable):
+    monkeypatch.setenv(variable, "pool-1234" if variable.endswith("_ID") else "true")
     namespace = run_cell(BARE_DECORATOR, {"from serverless_gpu import distributed": "from nbhelpers import distributed"})
     assert len(namespace["results"]) == 2
-    assert ("@distributed: DATABRICKS_REMOTE_GPU_POOL_ID ignored: GPU pools are Databricks provisioning"
-            in capsys.readouterr().err)
+    assert f"@distributed: {variable} ignored: GPU pools are Databricks provisioning" in capsys.readouterr().err
 
 
 def test_both_spellings_of_one_setting_with_different_values_are_refused():
@@ -161,3 +165,14 @@ def test_ray_launch_without_a_cluster_and_remote_says_what_to_do():
 
     with pytest.raises(RuntimeError, match=r"attached to none. Call ray.init\(address=\"HEAD_IP:6379\"\)"):
         uses_ray.distributed()
+
+
+def test_every_name_of_the_readmes_databricks_table_is_run_by_a_test_here():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = readme.split("## On Databricks", 1)[1].split("\n## ", 1)[0]
+    names = set()
+    for row in re.findall(r"^\| (.+?) \| .+ \|$", table, flags=re.MULTILINE)[2:]:  # the first column, past the header
+        for code in re.findall(r"`([^`]+)`", row):
+            names |= set(re.findall(r"[A-Za-z_][A-Za-z_0-9]*", code)) - {"from", "import", "N"}
+    source = Path(__file__).read_text().split("def test_every_name_of_the_readmes", 1)[0]
+    assert names and not {n for n in names if n not in source}, f"not run here: {sorted(n for n in names if n not in source)}"
