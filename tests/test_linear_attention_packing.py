@@ -134,3 +134,46 @@ def test_without_a_gpu_the_fallback_is_chosen_and_the_reason_said_in_one_line(li
     assert kernels.delta_rule is None and kernels.conv is None
     line = kernels.describe()
     assert "\n" not in line and "PyTorch fallback" in line and "no GPU" in line
+
+
+class _ScaleGradient(torch.autograd.Function):
+    """Identity forward; the gradient scaled: a kernel wrong in one gradient only (as a miscompiled backward is)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 1.5
+
+
+def _a_kernel_like_fla(linear_attention, wrong_in=None):
+    """fla's call signature over transformers' reference, sample by sample (exact); `wrong_in` names the one input
+    ("q", "k", "v", "g", "beta") whose gradient it gets wrong."""
+    def kernel(q, k, v, g, beta, use_qk_l2norm_in_kernel, cu_seqlens):
+        given = dict(q=q, k=k, v=v, g=g, beta=beta)
+        if wrong_in:
+            given[wrong_in] = _ScaleGradient.apply(given[wrong_in])
+        return linear_attention.chunk_gated_delta_rule(
+            given["q"], given["k"], given["v"], given["g"], given["beta"],
+            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens)
+    return kernel
+
+
+def test_the_start_up_check_passes_a_kernel_that_matches_the_reference(linear_attention):
+    linear_attention._check_delta_rule(_a_kernel_like_fla(linear_attention), torch.device("cpu"), heads=2,
+                                       key_dim=32, value_dim=48, max_length=256)
+
+
+@pytest.mark.parametrize("wrong_in", ["q", "k", "v", "g", "beta"])
+def test_the_start_up_check_refuses_a_kernel_wrong_in_any_one_gradient(linear_attention, wrong_in):
+    with pytest.raises(RuntimeError, match=f"d{wrong_in} differs from the PyTorch reference by 50.0%"):
+        linear_attention._check_delta_rule(_a_kernel_like_fla(linear_attention, wrong_in), torch.device("cpu"),
+                                           heads=2, key_dim=32, value_dim=48, max_length=256)
+
+
+def test_the_check_runs_the_recipes_lengths_with_every_chunk_case(linear_attention):
+    lengths = linear_attention.packed_lengths(4096)
+    assert sum(lengths) == 4096
+    assert lengths[0] < 64 and lengths[1] % 64 and lengths[2] % 64 == 0 and lengths[3] > 1024

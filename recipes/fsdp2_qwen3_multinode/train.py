@@ -84,7 +84,8 @@ def build_model(args, device):
     if args.linear_attention_kernels not in ("auto", "torch"):
         raise SystemExit(f"linear_attention_kernels must be auto or torch, not {args.linear_attention_kernels!r}")
     if has_linear_attention(model.config):  # Qwen3.5: Gated DeltaNet kernels that keep packed samples apart
-        kernels = select_kernels(device, fast=args.linear_attention_kernels == "auto")
+        kernels = select_kernels(device, fast=args.linear_attention_kernels == "auto", config=model.config,
+                                 max_length=args.max_length)
         install(kernels)
         if dist.get_rank() == 0:
             print(kernels.describe(), flush=True)
