@@ -77,10 +77,10 @@ quickstart: $(QUICKSTART_STAMP)
 # nor fail. The installs above keep the real HOME (pip's configuration, e.g. a local index, lives there).
 # PYTEST_ARGS picks tests, e.g. make test PYTEST_ARGS="tests/test_distributed.py -x".
 # TEST_WORKERS pytest processes share the tests (pytest-xdist): the tests spend much of their time waiting (process
-# starts, kernels, rendezvous), so five streams keep a 2-core machine busy. --dist loadfile keeps each file's tests on
+# starts, kernels, rendezvous), so three streams fit a 2-core machine (five overload it: timeouts). --dist loadfile keeps each file's tests on
 # one worker: a notebook's cases live in one file with the tests that reuse their runs. TEST_WORKERS=0: no xdist.
 PYTEST_ARGS ?=
-TEST_WORKERS ?= 5
+TEST_WORKERS ?= 3
 test: setup setup-axolotl
 	@scratch=$$(mktemp -d "$${TMPDIR:-/tmp}/cookbook-test.XXXXXX") && trap 'rm -rf "$$scratch"' EXIT && \
 	mkdir "$$scratch/tmp" "$$scratch/home" && echo "make test: TMPDIR and HOME are fresh folders in $$scratch" && \
