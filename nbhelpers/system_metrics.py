@@ -80,11 +80,12 @@ class RankSampler:
             with contextlib.suppress(psutil.Error):
                 root = self._process(pid)
                 tree = [root, *root.children(recursive=True)]
-                cpu, host = 0.0, 0
+                read = []  # the processes still there to read: a rank that ends mid-sample is not a 0 MB sample
                 for p in tree:
                     with contextlib.suppress(psutil.Error):
-                        cpu += self._process(p.pid).cpu_percent()
-                        host += p.memory_info().rss
+                        read.append((self._process(p.pid).cpu_percent(), p.memory_info().rss))
+                if read:
+                    cpu, host = sum(c for c, _ in read), sum(m for _, m in read)
             gpu_util, gpu_bytes = nvml.read(self.gpus[rank]) if nvml is not None and self.gpus[rank] else (None, None)
             if cpu is None and gpu_util is None:
                 continue  # the rank has ended
