@@ -45,8 +45,13 @@ QUIET_LOOPBACK_ENV = {
 
 @contextlib.contextmanager
 def _environment(**values):
+    """While inside: os.environ with `values` set (None: unset)."""
     saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
     try:
         yield
     finally:
@@ -87,13 +92,12 @@ def start_loopback_cluster(nodes: int = 2, cpus_per_node: int = 1):
     with open(os.path.join(home, "ray_bootstrap_config.yaml"), "w") as f:
         f.write("{}\n")
     common = dict(num_cpus=cpus_per_node, node_ip_address="127.0.0.1", object_store_memory=80 * 2**20)
-    # An MLflow store an earlier test chose in this process (mlflow.set_tracking_uri sets MLFLOW_TRACKING_URI) must not
-    # reach the nodes: the recipes track into their own project's store.
-    os.environ.pop("MLFLOW_TRACKING_URI", None)
     cluster = Cluster(shutdown_at_exit=True)
     cluster.scratch, cluster.one_at_a_time = scratch, one_at_a_time
     try:
-        with _environment(**QUIET_LOOPBACK_ENV, RAY_TMPDIR=scratch), _loopback_addresses():
+        # An MLflow store an earlier test chose in this process (mlflow.set_tracking_uri sets MLFLOW_TRACKING_URI)
+        # must not reach the nodes or the processes that join them: the recipes track into their project's store.
+        with _environment(**QUIET_LOOPBACK_ENV, RAY_TMPDIR=scratch, MLFLOW_TRACKING_URI=None), _loopback_addresses():
             with _environment(HOME=home):
                 cluster.add_node(include_dashboard=False, temp_dir=os.path.join(scratch, "t"), **common)
             for _ in range(nodes - 1):
@@ -102,7 +106,8 @@ def start_loopback_cluster(nodes: int = 2, cpus_per_node: int = 1):
     except BaseException:
         stop_loopback_cluster(cluster)
         raise
-    env = {**os.environ, **QUIET_LOOPBACK_ENV, "RAY_ADDRESS": cluster.address}
+    env = {**{k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}, **QUIET_LOOPBACK_ENV,
+           "RAY_ADDRESS": cluster.address}
     return cluster, env
 
 

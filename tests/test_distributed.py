@@ -490,7 +490,7 @@ def test_a_failing_rank_raises_one_error_naming_it_with_its_traceback_within_5_s
     assert_nothing_left_running()
 
 
-@pytest.mark.parametrize("attempt", range(5))  # races show up as a process left now and then
+@pytest.mark.parametrize("attempt", range(20))
 def test_a_failure_leaves_no_process_running(attempt):
     with pytest.raises(DistributedError, match="rank 1 of 2 failed"):
         distributed(_fails_on_rank_1).distributed()
@@ -556,7 +556,7 @@ def _dies_in_a_collective(how):
     time.sleep(300)
 
 
-@pytest.mark.parametrize("attempt", range(5))
+@pytest.mark.parametrize("attempt", range(20))
 @pytest.mark.parametrize("how", ["SIGKILL", "os._exit"])
 def test_the_rank_that_died_is_blamed_not_the_peer_whose_collective_broke(how, attempt):
     with pytest.raises(DistributedError) as caught:

@@ -221,8 +221,8 @@ def _check_delta_rule(fla_rule, device, heads: int = 2, key_dim: int = 64, value
     """Compare the output and every gradient (dq, dk, dv, dg, dbeta) of `fla_rule` with transformers' reference on a
     packed row shaped as the recipe runs it: its heads and head dims, samples of packed_lengths(max_length)."""
     generator = torch.Generator(device=device).manual_seed(0)
-    bounds = [0]
-    for length in packed_lengths(max_length):
+    lengths, bounds = packed_lengths(max_length), [0]
+    for length in lengths:
         bounds.append(bounds[-1] + length)
     cu = torch.tensor(bounds, device=device, dtype=torch.int32)
 
@@ -241,7 +241,7 @@ def _check_delta_rule(fla_rule, device, heads: int = 2, key_dim: int = 64, value
         results.append([out, *(x.grad for x in inputs)])
     _compare(*results, ("output", "dq", "dk", "dv", "dg", "dbeta"),
              f"flash-linear-attention's chunk_gated_delta_rule ({heads} heads of {key_dim}/{value_dim}, "
-             f"samples of {packed_lengths(max_length)} tokens)")
+             f"samples of {lengths} tokens)")
 
 
 def _check_conv(conv_fn, device) -> None:
