@@ -151,13 +151,15 @@ class _ScaleGradient(torch.autograd.Function):
 def _a_kernel_like_fla(linear_attention, wrong_in=None):
     """fla's call signature over transformers' reference, sample by sample (exact); `wrong_in` names the one input
     ("q", "k", "v", "g", "beta") whose gradient it gets wrong."""
-    def kernel(q, k, v, g, beta, use_qk_l2norm_in_kernel, cu_seqlens):
+    def kernel(q, k, v, g, beta, use_qk_l2norm_in_kernel, cu_seqlens=None, initial_state=None,
+               output_final_state=False):
         given = dict(q=q, k=k, v=v, g=g, beta=beta)
         if wrong_in:
             given[wrong_in] = _ScaleGradient.apply(given[wrong_in])
         return linear_attention.chunk_gated_delta_rule(
-            given["q"], given["k"], given["v"], given["g"], given["beta"],
-            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens)
+            given["q"], given["k"], given["v"], given["g"], given["beta"], initial_state=initial_state,
+            output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+            cu_seqlens=cu_seqlens)
     return kernel
 
 
@@ -177,3 +179,47 @@ def test_the_check_runs_the_recipes_lengths_with_every_chunk_case(linear_attenti
     lengths = linear_attention.packed_lengths(4096)
     assert sum(lengths) == 4096
     assert lengths[0] < 64 and lengths[1] % 64 and lengths[2] % 64 == 0 and lengths[3] > 1024
+
+
+class _Guard:
+    """fla.ops.common.chunk_o's flag, as fla 0.6 reads it on Hopper with Triton 3.6."""
+    TRITON_ABOVE_3_7_1 = False
+
+
+def _a_refusing_kernel(linear_attention, guard, wrong_in=None):
+    """A kernel that raises fla's issue-640 refusal until `guard` is lifted (then exact, or wrong in one gradient)."""
+    kernel = _a_kernel_like_fla(linear_attention, wrong_in)
+
+    def refusing(*args, **kwargs):
+        if not guard.TRITON_ABOVE_3_7_1:
+            raise RuntimeError("Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs produces incorrect results for gated "
+                               "chunk_bwd_dqkwg (see #640).")
+        return kernel(*args, **kwargs)
+    return refusing
+
+
+def _check(linear_attention, kernel):
+    return lambda: linear_attention._check_delta_rule(kernel, torch.device("cpu"), heads=2, key_dim=32, value_dim=48,
+                                                      max_length=256)
+
+
+def test_fla_s_hopper_refusal_is_lifted_when_every_gradient_matches_at_the_run_s_shapes(linear_attention):
+    guard = _Guard()
+    note = linear_attention.check_lifting_hopper_refusal(
+        _check(linear_attention, _a_refusing_kernel(linear_attention, guard)), guard)
+    assert guard.TRITON_ABOVE_3_7_1 and "refusal below Triton 3.7.1 lifted" in note
+
+
+def test_fla_s_hopper_refusal_stays_when_a_gradient_is_wrong_and_the_error_names_it(linear_attention):
+    guard = _Guard()
+    with pytest.raises(RuntimeError, match="dg differs from the PyTorch reference by 50.0%"):
+        linear_attention.check_lifting_hopper_refusal(
+            _check(linear_attention, _a_refusing_kernel(linear_attention, guard, wrong_in="g")), guard)
+    assert not guard.TRITON_ABOVE_3_7_1
+
+
+def test_a_kernel_that_passes_without_a_refusal_is_taken_as_it_is(linear_attention):
+    guard = _Guard()
+    assert linear_attention.check_lifting_hopper_refusal(_check(linear_attention, _a_kernel_like_fla(linear_attention)),
+                                                         guard) is None
+    assert not guard.TRITON_ABOVE_3_7_1

@@ -5,7 +5,7 @@
 # CUDA 13 library; unsloth drops its web "studio").
 #
 # Usage (from the project root):   PYTHON=.venv/bin/python bash benchmarks/gpu/pack-site.sh [PROFILE...]
-#   PROFILE: notebook (papermill/nbclient/ipykernel...), trl, deepspeed, unsloth, ray   (default: notebook trl deepspeed)
+#   PROFILE: notebook (papermill/nbclient/ipykernel...), trl, deepspeed, unsloth, ray, fla   (default: notebook trl deepspeed)
 # Writes .devsite/site.tar.gz (.gitignore keeps .devsite/ out of git). Carry it to the GPU machine;
 # benchmarks/gpu/run.sh unpacks every .devsite/*.tar.gz into /tmp/site and puts it on PYTHONPATH and PATH.
 # Versions are pinned to those the CPU tests use (pyproject.toml), so the GPU runs test the same code paths.
@@ -19,6 +19,7 @@ PKGS[trl]="trl==1.15.0 datasets==4.8.4 dill multiprocess"
 PKGS[deepspeed]="hjson pydantic pydantic-core annotated-types typing-inspection"
 PKGS[unsloth]="unsloth==2026.10.9 unsloth_zoo==2026.10.9 bitsandbytes==0.50.2 tyro docstring-parser shtab typeguard cut_cross_entropy hf_transfer msgspec structlog json5 torchao"
 PKGS[ray]="ray tensorboardX"   # ray alone packs to ~44 MB: carry it without unsloth
+PKGS[fla]="fla-core==0.6.0 flash-linear-attention==0.6.0"   # pure Python (Triton kernels), 1.5 MB
 
 out=.devsite; work=$(mktemp -d); mkdir -p "$out" "$work/site"
 want=""; for p in "${profiles[@]}"; do want="$want ${PKGS[$p]}"; done

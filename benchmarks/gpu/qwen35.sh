@@ -7,7 +7,8 @@
 #      flash-linear-attention + causal-conv1d are installed and pass the recipe's check): tokens/s, MFU, peak
 #      memory against the planner's estimate for the same shape;
 #   B. the same with packed Alpaca rows (data/alpaca, ~20 samples a row): the per-sample fallback's cost;
-#   C. only if the fast kernels pass the check here: A with linear_attention_kernels=torch, for the side by side.
+#   C. only if a fast kernel passes the check here: A with linear_attention_kernels=torch, for the side by side
+#      (run before B). flash-linear-attention carries as a pack: pack-site.sh fla.
 # If A runs out of memory, it is rerun with 4 layers fewer (the planner's miss is in the log and summary).
 # Results: $RESULTS/qwen35/{kernels.txt,plan.json,<run>/metrics.json,<run>.log,summary.json}. About 3 min on one H200.
 # Needs MLflow there (the recipe logs to it): PYTHON=.venv/bin/python bash benchmarks/gpu/pack-extra.sh here, carry
@@ -44,7 +45,7 @@ sys.path.insert(0, "recipes/fsdp2_qwen3_multinode")
 from linear_attention import select_kernels
 kernels = select_kernels(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
 open(f"{out}/kernels.txt", "w").write(kernels.describe() + "\n")
-open(f"{work}/fast", "w").write("1" if kernels.delta_rule and kernels.conv else "0")
+open(f"{work}/fast", "w").write("1" if kernels.delta_rule or kernels.conv else "0")
 print(f"{layers} layers (planner: {plans[layers]['allocated_gib']:.1f} GiB allocated); {kernels.describe()}")
 PY
 layers=$(cat "$work/layers")
@@ -64,17 +65,18 @@ common=(--random_init true --max_length $seq --per_device_train_batch_size 1 --g
         --learning_rate 1e-5 --warmup_steps 2)
 synthetic=("${common[@]}" --synthetic_data true --max_steps 14 --timing_warmup_steps 4)
 
-if ! run synthetic_${layers}_layers "$layers" 100 "${synthetic[@]}"; then
+fast=$(cat "$work/fast"); tune=0; [ "$fast" = 1 ] && tune=150  # fla's Triton autotuning on each first step: ~130 s
+if ! run synthetic_${layers}_layers "$layers" $((100 + tune)) "${synthetic[@]}"; then
   if grep -q "out of memory" "$out/synthetic_${layers}_layers.log"; then
     layers=$((layers - 4))
-    run synthetic_${layers}_layers "$layers" 90 "${synthetic[@]}"
+    run synthetic_${layers}_layers "$layers" $((90 + tune)) "${synthetic[@]}"
   fi
 fi
-run packed_${layers}_layers "$layers" 90 "${common[@]}" --synthetic_data false --dataset_name data/alpaca \
-  --max_steps 8 --timing_warmup_steps 3
-if [ "$(cat "$work/fast")" = 1 ]; then
+if [ "$fast" = 1 ]; then  # the side by side before the packed run, so that a call cut short keeps it
   run synthetic_${layers}_layers_torch_kernels "$layers" 100 "${synthetic[@]}" --linear_attention_kernels torch
 fi
+run packed_${layers}_layers "$layers" $((90 + tune)) "${common[@]}" --synthetic_data false --dataset_name data/alpaca \
+  --max_steps 8 --timing_warmup_steps 3
 
 python3 - "$out" <<'PY'
 import json, sys

@@ -23,6 +23,7 @@ transformers' own. Only qwen3_5 (dense) is patched.
 from __future__ import annotations
 
 import inspect
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -76,10 +77,12 @@ class Kernels:
     delta_rule: object = None  # fla.ops.gated_delta_rule.chunk_gated_delta_rule, or None: PyTorch
     conv: object = None  # causal_conv1d.causal_conv1d_fn, or None: PyTorch
     why_not: list = field(default_factory=list)  # why a fast kernel is not used
+    notes: list = field(default_factory=list)  # what the checks decided beyond the versions (a lifted refusal)
 
     def describe(self) -> str:
         fast = [n for n, k in (("flash-linear-attention", self.delta_rule), ("causal-conv1d", self.conv)) if k]
         return ("Gated DeltaNet kernels: " + (", ".join(fast) if fast else "none")
+                + "".join(f" ({note})" for note in self.notes)
                 + ("; PyTorch fallback (much slower) because " + "; ".join(self.why_not) if self.why_not else ""))
 
 
@@ -95,8 +98,9 @@ def has_linear_attention(config) -> bool:
 def select_kernels(device: torch.device, fast: bool = True, config=None, max_length: int = 192) -> Kernels:
     """The fast kernels that import and pass a packed forward + backward check against the PyTorch reference on
     this device, at the shapes `config` (a Qwen3.5 text config) and `max_length` give; else the fallback, with why.
-    fla 0.6 refuses its Hopper backward below Triton 3.7.1 (its issue 640: a miscompile at some shapes), so a
-    check at the recipe's own shapes, of every gradient, decides. fast=False: the fallback, on purpose."""
+    fla 0.6 refuses its gated backward on Hopper with Triton 3.4 to 3.7.1 (its issue 640: a miscompile found at some
+    shapes); a check of every gradient at the recipe's own shapes decides instead (see check_lifting_hopper_refusal).
+    fast=False: the fallback, on purpose."""
     kernels = Kernels()
     if not fast:
         kernels.why_not.append("the PyTorch kernels were asked for")
@@ -105,12 +109,20 @@ def select_kernels(device: torch.device, fast: bool = True, config=None, max_len
         kernels.why_not.append("no GPU")
         return kernels
     try:
+        from fla.ops.common import chunk_o
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
         shapes = {} if config is None else dict(heads=config.linear_num_value_heads, key_dim=config.linear_key_head_dim,
                                                 value_dim=config.linear_value_head_dim)
-        _check_delta_rule(chunk_gated_delta_rule, device, max_length=max_length, **shapes)
+        note = check_lifting_hopper_refusal(
+            lambda: _check_delta_rule(chunk_gated_delta_rule, device, max_length=max_length, **shapes), chunk_o)
         kernels.delta_rule = chunk_gated_delta_rule
+        kernels.notes += [note] if note else []
+        # fla's Triton kernels autotune on their first call (about two minutes on an H200): keep what they find on
+        # disk (Triton's cache, ~/.triton/cache), so that later runs start at speed
+        os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
+        kernels.notes.append("its first step autotunes its kernels, minutes the first time; Triton's cache keeps the "
+                             "result for later runs")
     except Exception as error:  # missing, refusing this GPU/Triton, or wrong: all mean the fallback
         kernels.why_not.append(f"flash-linear-attention: {type(error).__name__}: {str(error)[:200]}")
     try:
@@ -121,6 +133,26 @@ def select_kernels(device: torch.device, fast: bool = True, config=None, max_len
     except Exception as error:
         kernels.why_not.append(f"causal-conv1d: {type(error).__name__}: {str(error)[:200]}")
     return kernels
+
+
+def check_lifting_hopper_refusal(check, guard) -> str | None:
+    """Run `check`; if fla refuses its gated backward (`chunk_bwd_dqkwg`) because this is Hopper with Triton 3.4 to
+    3.7.1, lift that refusal (the flag `guard`, fla.ops.common.chunk_o, reads at every call) and run `check` again:
+    the miscompile of its issue 640 shows as a wrong gradient, which the check measures at this run's shapes. Returns a
+    note when the refusal was lifted; when the second check fails too, the refusal is put back and its error raised."""
+    try:
+        check()
+        return None
+    except RuntimeError as error:
+        if "#640" not in str(error):
+            raise
+    guard.TRITON_ABOVE_3_7_1 = True
+    try:
+        check()
+    except BaseException:
+        guard.TRITON_ABOVE_3_7_1 = False
+        raise
+    return "fla's Hopper refusal below Triton 3.7.1 lifted: every gradient matched the reference at this run's shapes"
 
 
 def install(kernels: Kernels) -> None:
@@ -218,13 +250,21 @@ def packed_lengths(max_length: int, chunk: int = 64) -> list[int]:
 
 def _check_delta_rule(fla_rule, device, heads: int = 2, key_dim: int = 64, value_dim: int = 64,
                       max_length: int = 192) -> None:
-    """Compare the output and every gradient (dq, dk, dv, dg, dbeta) of `fla_rule` with transformers' reference on a
-    packed row shaped as the recipe runs it: its heads and head dims, samples of packed_lengths(max_length)."""
-    generator = torch.Generator(device=device).manual_seed(0)
+    """Compare the output and every gradient (dq, dk, dv, dg, dbeta) of `fla_rule` with transformers' reference on rows
+    shaped as the recipe runs them: its heads and head dims, one row of `max_length` tokens, then a packed row with
+    samples of packed_lengths(max_length) (fla compiles the two cases apart)."""
     lengths, bounds = packed_lengths(max_length), [0]
     for length in lengths:
         bounds.append(bounds[-1] + length)
-    cu = torch.tensor(bounds, device=device, dtype=torch.int32)
+    for cu, what in ((None, f"one sample of {max_length} tokens"), (bounds, f"samples of {lengths} tokens")):
+        _check_delta_rule_once(fla_rule, device, heads, key_dim, value_dim, max_length, cu,
+                               f"flash-linear-attention's chunk_gated_delta_rule ({heads} heads of {key_dim}/"
+                               f"{value_dim}, {what})")
+
+
+def _check_delta_rule_once(fla_rule, device, heads, key_dim, value_dim, max_length, bounds, what) -> None:
+    generator = torch.Generator(device=device).manual_seed(0)
+    cu = None if bounds is None else torch.tensor(bounds, device=device, dtype=torch.int32)
 
     def random(*shape):
         return torch.randn(*shape, device=device, generator=generator)
@@ -239,9 +279,7 @@ def _check_delta_rule(fla_rule, device, heads: int = 2, key_dim: int = 64, value
         out, _ = chunk_gated_delta_rule(*inputs, use_qk_l2norm_in_kernel=True, cu_seqlens=cu, fla=fla)
         out.float().pow(2).sum().backward()
         results.append([out, *(x.grad for x in inputs)])
-    _compare(*results, ("output", "dq", "dk", "dv", "dg", "dbeta"),
-             f"flash-linear-attention's chunk_gated_delta_rule ({heads} heads of {key_dim}/{value_dim}, "
-             f"samples of {lengths} tokens)")
+    _compare(*results, ("output", "dq", "dk", "dv", "dg", "dbeta"), what)
 
 
 def _check_conv(conv_fn, device) -> None:
