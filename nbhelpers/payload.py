@@ -114,11 +114,14 @@ class Outcome(NamedTuple):
     unloadable: bool = False  # it returned, but its value cannot be loaded in the notebook's process
 
 
-def run_call(rank: int, payload: bytes) -> tuple[bool, bytes]:
+def run_call(rank: int, payload: bytes, on_loaded=None) -> tuple[bool, bytes]:
     """Run pickle_call's call in this rank: (did it return?, its Outcome as bytes, the message to send
-    back). SystemExit and KeyboardInterrupt are failures too: the notebook must hear of them."""
+    back). `on_loaded()` is called once the function is loaded, as it begins. SystemExit and
+    KeyboardInterrupt are failures too: the notebook must hear of them."""
     try:
         fn, args, kwargs = load_call(payload)
+        if on_loaded is not None:
+            on_loaded()
         value = to_cpu(fn(*args, **kwargs))
         try:
             value = cloudpickle.dumps(value)  # on its own: read_outcome can tell a value it cannot load

@@ -178,7 +178,6 @@ class _RankActor:
     def run(self, rank: int, payload: bytes, environ: dict, cwd: str, sys_path: list,
             snapshot_every: float | None) -> bytes:
         """Run the call; its launch_contract.Outcome as bytes."""
-        self.outbox.put.remote(rank, "started", b"")  # the notebook's stall clock starts when all have
         os.environ.update(environ)
         if os.path.isdir(cwd):
             os.chdir(cwd)
@@ -189,7 +188,9 @@ class _RankActor:
             threading.Thread(target=self._snapshot_while_silent, args=(rank, snapshot_every), daemon=True,
                              name="nbhelpers-snapshots").start()
         with self._output_to_outbox(rank):
-            _, message = run_call(rank, payload)
+            # The notebook's stall clock starts when every rank has begun the function: loading it imports what
+            # it uses (torch: many seconds on a loaded machine), which START_TIMEOUT_S covers.
+            _, message = run_call(rank, payload, on_loaded=lambda: self.outbox.put.remote(rank, "started", b""))
         return message
 
     @contextlib.contextmanager
@@ -512,7 +513,8 @@ class _RayLaunch:
                          for r in range(self.world_size))
         return DistributedError(
             f"rank {', '.join(map(str, not_started))} of {self.name}() had not started {self._start_limit():.0f} s "
-            f"after the launch (a busy cluster, or one that cannot start their processes: `ray status` shows it); "
+            f"after the launch (a busy cluster, or one that cannot start their processes: `ray status` shows it; "
+            f"or loading the function, with what it imports, takes that long); "
             f"all {self.world_size} ranks were killed. Their Python stacks:\n{text}", rank=not_started[0])
 
     # -- stop -----------------------------------------------------------------------------------
