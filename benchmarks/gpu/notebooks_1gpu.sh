@@ -113,6 +113,7 @@ case ${GROUP:-pytorch} in
   llm+compare) stream gpt_oss_20b gpt_oss_120b & stream llm_small & stream pytorch_compare two_tower_compare & wait ;;
   rest) stream gpt_oss_120b & stream llm_small & stream two_tower_compare & wait ;;
   owed) stream llm_small & stream llm_axolotl & wait ;;  # what those three calls left (benchmarks/README.md)
-  *) echo "GROUP is pytorch, llm, llm+compare, rest or owed"; exit 2 ;;
+  axolotl) stream llm_axolotl ;;  # alone: its pack (.devsite/axolotl) fills a call's carry
+  *) echo "GROUP is pytorch, llm, llm+compare, rest, owed or axolotl"; exit 2 ;;
 esac
 python3 benchmarks/gpu/notebooks_1gpu_summary.py "$out" | tee "$out/summary_${GROUP:-pytorch}.txt"
