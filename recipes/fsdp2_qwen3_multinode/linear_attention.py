@@ -121,7 +121,7 @@ def select_kernels(device: torch.device, fast: bool = True, config=None, max_len
         # fla's Triton kernels autotune on their first call (about two minutes on an H200): keep what they find on
         # disk (Triton's cache, ~/.triton/cache), so that later runs start at speed
         os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
-        kernels.notes.append("its first step autotunes its kernels, minutes the first time; Triton's cache keeps the "
+        kernels.notes.append("its kernels autotune the first time they meet a shape, for minutes; Triton's cache keeps the "
                              "result for later runs")
     except Exception as error:  # missing, refusing this GPU/Triton, or wrong: all mean the fallback
         kernels.why_not.append(f"flash-linear-attention: {type(error).__name__}: {str(error)[:200]}")

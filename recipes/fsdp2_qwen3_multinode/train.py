@@ -84,6 +84,9 @@ def build_model(args, device):
     if args.linear_attention_kernels not in ("auto", "torch"):
         raise SystemExit(f"linear_attention_kernels must be auto or torch, not {args.linear_attention_kernels!r}")
     if has_linear_attention(model.config):  # Qwen3.5: Gated DeltaNet kernels that keep packed samples apart
+        if dist.get_rank() == 0 and args.linear_attention_kernels == "auto" and device.type == "cuda":
+            print("checking the fast Gated DeltaNet kernels against the PyTorch reference at this run's shapes (the "
+                  "first time on a machine, Triton autotunes them: several minutes)", flush=True)
         kernels = select_kernels(device, fast=args.linear_attention_kernels == "auto", config=model.config,
                                  max_length=args.max_length)
         install(kernels)
