@@ -20,8 +20,10 @@ import codecs
 import collections
 import contextlib
 import os
+import random
 import re
 import signal
+import socket
 import sys
 import time
 from concurrent.futures import CancelledError
@@ -86,6 +88,30 @@ def torchrun_environment(rank: int, world_size: int, port: int, run_id: str, res
 
 # ---------------------------------------------------------------------------------------------------
 # The GPUs asked for
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port for rank 0's rendezvous store that nothing listens on now, taken below the kernel's ephemeral range
+    (ip_local_port_range) and above Ray's worker ports (10002-19999): a port the kernel hands out for bind(0) or an
+    outgoing connection (gloo's pairs, another test's port 0) could be taken again between this check and rank 0's
+    bind a few seconds later; one from outside that range is taken only by someone who asks for it by number."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ranges:
+            ephemeral_low = int(ranges.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768  # Linux's default
+    candidates = list(range(20000, ephemeral_low))
+    random.SystemRandom().shuffle(candidates)
+    for port in candidates[:200]:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((host, port))
+                return port
+            except OSError:
+                continue
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:  # a range that small or that busy: any free one
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
 
 def gpu_type_name(gpu_type) -> str:
     """serverless_gpu's gpu_type ("H100", "a10", a GPUType member) or databricks.air's accelerator_type

@@ -31,7 +31,7 @@ import threading
 import time
 
 from nbhelpers.engine_core import (DEFAULT_CPU_PROCESSES, DistributedError, Printers, ProgressWatch, RankResults,
-                                   cancelled, check_count, failure_error, gpu_type_matches, launch_processes,
+                                   cancelled, check_count, failure_error, free_port, gpu_type_matches, launch_processes,
                                    main_thread_stack, stall_error, stop_processes, torchrun_environment)
 from nbhelpers.gpu_lease import GpuLease, LeaseCancelled
 from nbhelpers.payload import read_outcome
@@ -188,12 +188,6 @@ def _loopback_interface() -> str:
     return "lo"
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _loopback_environment() -> dict:
     """Gloo and NCCL listen on the interface these name: the loopback one, since all ranks are on this host
     (rank 0's rendezvous store is kept on loopback by _worker.loopback_rendezvous)."""
@@ -212,7 +206,7 @@ def single_process_environment():
     was_initialized = dist.is_available() and dist.is_initialized()
     from nbhelpers._worker import loopback_rendezvous
 
-    added = torchrun_environment(0, 1, _free_port(), run_id=f"local-{os.getpid()}")
+    added = torchrun_environment(0, 1, free_port(), run_id=f"local-{os.getpid()}")
     added.pop("PYTHONUNBUFFERED")
     added.pop("NBHELPERS_LAUNCH_ID")
     added.update(_loopback_environment())
@@ -323,7 +317,7 @@ class _LocalLaunch:
 
     # -- start ----------------------------------------------------------------------------------
     def _start(self, ctx, threads):
-        port = _free_port()
+        port = free_port()
         run_id = self.run_id = f"nbhelpers-{os.getpid()}-{port}-{time.time_ns()}"
         from nbhelpers._worker import run_rank
 

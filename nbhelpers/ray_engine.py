@@ -40,7 +40,6 @@ import contextlib
 import itertools
 import os
 import select
-import socket
 import sys
 import threading
 import time
@@ -48,7 +47,7 @@ import traceback
 from concurrent.futures import CancelledError
 
 from nbhelpers.engine_core import (DEFAULT_CPU_PROCESSES, DistributedError, Printers, ProgressWatch, RankResults,
-                                   cancelled, failure_error, gpu_type_matches, main_thread_stack, stall_error,
+                                   cancelled, failure_error, free_port, gpu_type_matches, main_thread_stack, stall_error,
                                    stop_launch_processes, torchrun_environment)
 from nbhelpers.payload import read_outcome, run_call
 
@@ -171,9 +170,7 @@ class _RankActor:
                 "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "pid": os.getpid()}
 
     def free_port(self) -> int:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("", 0))  # every interface: the other nodes connect to this node's address
-            return s.getsockname()[1]
+        return free_port("")  # every interface: the other nodes connect to this node's address
 
     def run(self, rank: int, payload: bytes, environ: dict, cwd: str, sys_path: list,
             snapshot_every: float | None) -> bytes:

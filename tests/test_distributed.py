@@ -1021,3 +1021,18 @@ def test_a_ranks_traceback_in_a_notebook_names_the_cell_and_shows_its_line(kerne
     source_line = "    return int(text)  # the line a reader must see"
     number = KERNEL_LAUNCH.strip().splitlines().index(source_line) + 1  # IPython drops the cell's leading blank line
     assert f"Cell In[{launch_cell}], line {number}, in parse_on_every_rank\n{source_line}" in content["evalue"]
+
+
+def test_the_rendezvous_port_is_free_and_outside_the_range_the_kernel_hands_out():
+    # a port from bind(0) can be handed to someone else (gloo's pairs, another run) before rank 0 binds it
+    from nbhelpers.engine_core import free_port
+
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as ranges:
+        ephemeral_low = int(ranges.read().split()[0])
+    ports = {free_port() for _ in range(20)}
+    assert all(20000 <= port < ephemeral_low for port in ports) and len(ports) > 1
+    import socket
+
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -20,16 +19,11 @@ import torch
 from mlflow_runs import assert_logged_text_generator, tracked_runs
 
 from nbhelpers import checkpoints
+from nbhelpers.engine_core import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
 DATA = REPO / "data"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_node(node_rank: int, port: int, job: str, script: Path, args: list, log: Path) -> subprocess.Popen:
