@@ -76,9 +76,3 @@ def no_mlflow_store_chosen(monkeypatch):
     """Each test starts without MLFLOW_TRACKING_URI: mlflow.set_tracking_uri() in an earlier test sets it in this
     process, and the notebooks and recipes a test starts would track into that test's store instead of their own."""
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-
-
-def pytest_collection_modifyitems(items):
-    """Files marked `long` first (a stable sort keeps the order inside each group): `--dist loadfile` hands files to
-    the workers in this order, so the short files fill in at the end instead of a long one starting last."""
-    items.sort(key=lambda item: item.get_closest_marker("long") is None)

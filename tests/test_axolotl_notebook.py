@@ -30,7 +30,7 @@ FROM_USER_CONFIG = dataclasses.replace(SMOKE, parameters={
     "config": str(USER_CONFIG), **{name: SMOKE.parameters[name] for name in (
         "output_dir", "num_gpus", "model_name_or_path", "dataset_name", "max_steps")}})
 
-pytestmark = [pytest.mark.notebook, pytest.mark.long]
+pytestmark = pytest.mark.notebook
 
 
 def test_notebook_meets_its_expectations(notebook_run):

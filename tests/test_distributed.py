@@ -27,8 +27,6 @@ from nbhelpers import DistributedError, backend, distributed
 from launcher_checks import assert_a_stall_names_every_ranks_stack, simulate_gpus
 from timed_stream import TimedStream
 
-pytestmark = pytest.mark.long
-
 TORCHRUN_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 INFRASTRUCTURE = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
 

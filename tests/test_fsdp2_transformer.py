@@ -29,7 +29,7 @@ SMOKE = MINE[0]
 SMALL_RUN = {k: v for k, v in SMOKE.parameters.items() if k != "output_dir"}
 A_WEIGHT = "app.model.blocks.0.mlp.0.weight"
 
-pytestmark = [pytest.mark.notebook, pytest.mark.long]
+pytestmark = pytest.mark.notebook
 
 
 @pytest.mark.parametrize("case", MINE, ids=case_ids(MINE))

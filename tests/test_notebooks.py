@@ -4,8 +4,6 @@ import pytest
 from harness import assert_case_passes, case_ids
 from notebook_cases import CASES
 
-pytestmark = pytest.mark.long
-
 
 # The notebooks whose cases run in a test file of their own, beside the tests that reuse their runs
 # (pytest-xdist's --dist loadfile keeps a file's tests on one worker, where the session's runs are).

@@ -13,7 +13,7 @@ from notebook_cases import CASES
 NOTEBOOK = "notebooks/performance_and_resilience.ipynb"
 MINE = [c for c in CASES if c.notebook == NOTEBOOK]
 
-pytestmark = [pytest.mark.notebook, pytest.mark.long]
+pytestmark = pytest.mark.notebook
 
 
 @pytest.fixture(scope="module")

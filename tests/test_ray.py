@@ -28,8 +28,6 @@ from nbhelpers import DistributedError, distributed
 from nbhelpers import ray_engine
 from nbhelpers.ray_engine import rank_layout
 
-pytestmark = pytest.mark.long
-
 TORCHRUN_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 

@@ -13,8 +13,6 @@ from ray_cluster import start_loopback_cluster, stop_loopback_cluster
 
 from nbhelpers import checkpoints
 
-pytestmark = pytest.mark.long
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "data"))
 from make_image_folders import make_image_folders  # noqa: E402

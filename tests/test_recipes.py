@@ -21,8 +21,6 @@ from mlflow_runs import assert_logged_text_generator, tracked_runs
 from nbhelpers import checkpoints
 from nbhelpers.engine_core import free_port
 
-pytestmark = pytest.mark.long
-
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
 DATA = REPO / "data"

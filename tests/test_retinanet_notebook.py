@@ -22,7 +22,7 @@ EXPECT = {
     **LOADABLE_MLFLOW_MODEL,
 }
 
-pytestmark = [pytest.mark.notebook, pytest.mark.long]
+pytestmark = pytest.mark.notebook
 
 
 @pytest.mark.parametrize("case", MINE, ids=case_ids(MINE))

@@ -15,7 +15,7 @@ from trl_checks import assert_mlflow_run_holds_settings_metrics_and_a_loadable_m
 NOTEBOOK = "notebooks/trl/ddp_gpt_oss_20b.ipynb"
 MINE = [c for c in CASES if c.notebook == NOTEBOOK]
 SMOKE = MINE[0]
-pytestmark = [pytest.mark.notebook, pytest.mark.long]
+pytestmark = pytest.mark.notebook
 
 
 @pytest.mark.parametrize("case", MINE, ids=case_ids(MINE))

@@ -12,7 +12,7 @@ from trl_checks import assert_mlflow_run_holds_settings_metrics_and_a_loadable_m
 NOTEBOOK = "notebooks/trl/deepspeed_llama_3_2_1b.ipynb"
 MINE = [c for c in CASES if c.notebook == NOTEBOOK]
 SMOKE, ONE_RANK = MINE
-pytestmark = [pytest.mark.notebook, pytest.mark.long]
+pytestmark = pytest.mark.notebook
 
 
 @pytest.mark.parametrize("case", MINE, ids=case_ids(MINE))

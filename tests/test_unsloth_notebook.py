@@ -21,7 +21,7 @@ from nbhelpers import checkpoints
 NOTEBOOK = "notebooks/unsloth/ddp_llama_3_2_3b.ipynb"
 MINE = [c for c in CASES if c.notebook == NOTEBOOK]
 SMOKE = MINE[0]
-pytestmark = [pytest.mark.notebook, pytest.mark.long]
+pytestmark = pytest.mark.notebook
 
 
 @pytest.mark.parametrize("case", MINE, ids=case_ids(MINE))
