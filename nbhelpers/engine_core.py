@@ -86,9 +86,6 @@ def torchrun_environment(rank: int, world_size: int, port: int, run_id: str, res
     }
 
 
-# ---------------------------------------------------------------------------------------------------
-# The GPUs asked for
-
 def free_port(host: str = "127.0.0.1") -> int:
     """A port for rank 0's rendezvous store that nothing listens on now, taken below the kernel's ephemeral range
     (ip_local_port_range) and above Ray's worker ports (10002-19999): a port the kernel hands out for bind(0) or an
@@ -112,6 +109,9 @@ def free_port(host: str = "127.0.0.1") -> int:
         probe.bind((host, 0))
         return probe.getsockname()[1]
 
+
+# ---------------------------------------------------------------------------------------------------
+# The GPUs asked for
 
 def gpu_type_name(gpu_type) -> str:
     """serverless_gpu's gpu_type ("H100", "a10", a GPUType member) or databricks.air's accelerator_type

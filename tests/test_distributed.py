@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -1031,8 +1032,6 @@ def test_the_rendezvous_port_is_free_and_outside_the_range_the_kernel_hands_out(
         ephemeral_low = int(ranges.read().split()[0])
     ports = {free_port() for _ in range(20)}
     assert all(20000 <= port < ephemeral_low for port in ports) and len(ports) > 1
-    import socket
-
     for port in ports:
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))

@@ -97,7 +97,7 @@ llm_axolotl() {
   [ -d /tmp/site-axolotl/axolotl ] || { echo "no Axolotl pack on this machine: the Axolotl notebook is left out"; return 0; }
   python3 tests/standins.py make olmo-3-7b --size full --weights --out "$models/olmo-3-7b" > /dev/null  # machine's transformers
   PYTHONPATH=/tmp/site-axolotl:$PYTHONPATH AXOLOTL_DO_NOT_TRACK=1 pm axolotl notebooks/axolotl/ddp_olmo3_7b.ipynb \
-    -p model_name_or_path "$models/olmo-3-7b" -p dataset_name "$data/alpaca_messages/train.jsonl" -p max_steps "${AXOLOTL_MAX_STEPS:-8}"
+    -p model_name_or_path "$models/olmo-3-7b" -p dataset_name "$data/alpaca_messages/train.jsonl" -p max_steps 8
   rm -rf "$models/olmo-3-7b" "$runs/axolotl/lora-out/checkpoint-"*
 }
 

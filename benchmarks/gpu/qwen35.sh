@@ -43,7 +43,9 @@ for n in plans:
 open(f"{work}/layers", "w").write(str(layers))
 sys.path.insert(0, "recipes/fsdp2_qwen3_multinode")
 from linear_attention import select_kernels
-kernels = select_kernels(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+# at the runs' own shapes, as the recipe checks them: what this compiles and tunes is on disk for the runs
+kernels = select_kernels(torch.device("cuda" if torch.cuda.is_available() else "cpu"),
+                         config=standins.config("qwen3.5-27b", size, layers=layers), max_length=seq)
 open(f"{out}/kernels.txt", "w").write(kernels.describe() + "\n")
 open(f"{work}/fast", "w").write("1" if kernels.delta_rule or kernels.conv else "0")
 print(f"{layers} layers (planner: {plans[layers]['allocated_gib']:.1f} GiB allocated); {kernels.describe()}")
@@ -65,7 +67,8 @@ common=(--random_init true --max_length $seq --per_device_train_batch_size 1 --g
         --learning_rate 1e-5 --warmup_steps 2)
 synthetic=("${common[@]}" --synthetic_data true --max_steps 14 --timing_warmup_steps 4)
 
-fast=$(cat "$work/fast"); tune=0; [ "$fast" = 1 ] && tune=150  # fla's Triton autotuning on each first step: ~130 s
+fast=$(cat "$work/fast"); tune=0; [ "$fast" = 1 ] && tune=150  # the recipe's own check and first step, should the
+# prologue's tuning not cover them (from nothing, fla's compile and tuning at these shapes took more than 4 minutes)
 if ! run synthetic_${layers}_layers "$layers" $((100 + tune)) "${synthetic[@]}"; then
   if grep -q "out of memory" "$out/synthetic_${layers}_layers.log"; then
     layers=$((layers - 4))

@@ -114,13 +114,14 @@ def select_kernels(device: torch.device, fast: bool = True, config=None, max_len
 
         shapes = {} if config is None else dict(heads=config.linear_num_value_heads, key_dim=config.linear_key_head_dim,
                                                 value_dim=config.linear_value_head_dim)
+        # fla's Triton kernels compile and autotune the first time they meet a shape, starting with this check (more
+        # than 4 minutes on an H200 for the 27B's): Triton keeps the compiled kernels on disk (~/.triton/cache), and
+        # with this its tuning choices too, so that later runs start at speed
+        os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
         note = check_lifting_hopper_refusal(
             lambda: _check_delta_rule(chunk_gated_delta_rule, device, max_length=max_length, **shapes), chunk_o)
         kernels.delta_rule = chunk_gated_delta_rule
         kernels.notes += [note] if note else []
-        # fla's Triton kernels autotune on their first call (about two minutes on an H200): keep what they find on
-        # disk (Triton's cache, ~/.triton/cache), so that later runs start at speed
-        os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
         kernels.notes.append("its kernels autotune the first time they meet a shape, for minutes; Triton's cache keeps the "
                              "result for later runs")
     except Exception as error:  # missing, refusing this GPU/Triton, or wrong: all mean the fallback
