@@ -145,8 +145,8 @@ def test_no_code_cell_is_over_40_lines(path):
 @pytest.mark.parametrize("path", NOTEBOOKS)
 def test_no_test_only_name_appears_in_a_notebook(path):
     found = names_only_for_tests(path)
-    assert not found, (f"{path} holds test machinery {found}: CPU fixes apply themselves (nbhelpers), "
-                       "crash and recording hooks live in tests/hooks")
+    assert not found, (f"{path} holds test machinery {found}: the tests bring their CPU fixes, crash and "
+                       "recording hooks themselves (tests/hooks)")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS)
