@@ -12,6 +12,9 @@ for key, value in {
     "DO_NOT_TRACK": "1",
     "MPLBACKEND": "Agg",
     "TOKENIZERS_PARALLELISM": "false",
+    # Three test streams share the machine's cores: one OpenMP thread per process (the launcher gives a rank all the
+    # cores it sees free, not knowing of the other streams, whose spinning threads then slow every one of them).
+    "OMP_NUM_THREADS": "1",
 }.items():
     os.environ.setdefault(key, value)
 
