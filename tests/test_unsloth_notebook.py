@@ -11,7 +11,7 @@ import dataclasses
 import papermill
 import pytest
 import torch
-from harness import assert_case_passes, case_ids, hook_records, run_notebook
+from harness import assert_case_passes, case_ids, hook_records, output_text, run_notebook
 from notebook_cases import CASES, NotebookCase
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -27,6 +27,14 @@ pytestmark = pytest.mark.notebook
 @pytest.mark.parametrize("case", MINE, ids=case_ids(MINE))
 def test_notebook_meets_its_expectations(case, notebook_run):
     assert_case_passes(case, notebook_run)
+
+
+def test_every_rank_imports_unsloth_before_transformers_and_peft(notebook_run):
+    """Unsloth patches Transformers, PEFT and TRL when it is imported; imported after them, some of its
+    optimisations are missing and it warns so. A rank loads what `train` refers to before `train`'s first line
+    runs, so a notebook-level name from a module that imports Transformers (nbhelpers.hf) came too early."""
+    _, executed, _ = notebook_run(SMOKE)
+    assert "Unsloth should be imported before" not in output_text(executed)
 
 
 def test_the_merged_model_gives_the_logits_of_base_plus_adapter(notebook_run, standin):
