@@ -11,6 +11,8 @@ The data are data/finetome conversations joined into multi-turn conversations of
 so every micro-batch is a full 2048-token batch (FineTome's own conversations are a few hundred tokens).
 The loss covers every token in both (masking prompts does not change the work done).
 The engines run in separate processes: importing Unsloth patches Transformers, PEFT and TRL for good.
+`--engine unsloth-late` is Unsloth imported after Transformers and PEFT, as the notebook's ranks did until
+2026-12-04 (they loaded nbhelpers.hf first): Unsloth then warns that some optimisations are missing; this measures them.
 Without a GPU it runs on the CPU (fp32, torch AdamW, gloo) so that its logic can be tested with a tiny stand-in.
 The flags take the cookbook's names for its settings (README, "One name for each setting").
 """
@@ -22,7 +24,7 @@ import sys
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--engine", choices=["unsloth", "trl"], required=True)
+    parser.add_argument("--engine", choices=["unsloth", "unsloth-late", "trl"], required=True)
     parser.add_argument("--model_name_or_path", required=True,
                         help="model folder (e.g. the full-size llama-3.2-3b stand-in)")
     parser.add_argument("--dataset_name", default="data/finetome/train.jsonl", help="FineTome-style JSONL")
@@ -37,7 +39,10 @@ def parse_args(argv=None):
 
 
 args = parse_args()
-if args.engine == "unsloth":
+if args.engine == "unsloth-late":
+    import peft  # noqa: F401
+    import transformers  # noqa: F401
+if args.engine.startswith("unsloth"):
     import unsloth  # noqa: F401  first: it patches Transformers, PEFT and TRL as they are imported
 
 import json  # noqa: E402
@@ -82,7 +87,7 @@ DTYPE = torch.bfloat16 if ON_GPU else torch.float32
 
 
 def load(engine, model_path, seq_len, lora_r, device):
-    if engine == "unsloth":
+    if engine.startswith("unsloth"):
         from unsloth import FastLanguageModel
 
         model, tokenizer = FastLanguageModel.from_pretrained(
