@@ -39,6 +39,7 @@ if [[ " $stages " == *" compare "* ]]; then
   bench unsloth 1 unsloth_1gpu 0
   bench unsloth-late 1 unsloth_late_1gpu 0  # imported after Transformers and PEFT: what Unsloth's warning costs
   bench trl 1 trl_1gpu 0
+  bench unsloth 1 unsloth_repeat_1gpu 0  # the same run again: the spread a difference must beat
   if [ "$gpus" -ge 2 ]; then
     bench unsloth 2 unsloth_2gpu 0,1
     bench trl 2 trl_2gpu 0,1
@@ -61,6 +62,7 @@ for n in (1, 2):
         summary[f"unsloth_vs_trl_{n}gpu_peak_memory"] = (max(runs[f"unsloth_{n}gpu"]["peak_memory_allocated_bytes"])
                                                          / max(runs[f"trl_{n}gpu"]["peak_memory_allocated_bytes"]))
 summary["unsloth_late_vs_unsloth_1gpu_speed"] = ratio("unsloth_late_1gpu", "unsloth_1gpu", "tokens_per_s")
+summary["unsloth_repeat_vs_unsloth_1gpu_speed"] = ratio("unsloth_repeat_1gpu", "unsloth_1gpu", "tokens_per_s")
 summary["unsloth_warned_of_import_order"] = {  # in which runs Unsloth said it was imported after Transformers
     log.stem: "Unsloth should be imported before" in log.read_text(errors="replace") for log in sorted(out.glob("*.log"))}
 summary["unsloth_scaling_1_to_2"] = ratio("unsloth_2gpu", "unsloth_1gpu", "tokens_per_s")
