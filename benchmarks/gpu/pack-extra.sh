@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Pack Python packages the GPU machine lacks beyond benchmarks/gpu/pack-site.sh's profiles
-# (today: MLflow's client, its SQLite store, nvidia-ml-py, which MLflow's GPU system metrics read, and pycocotools,
-# which the RetinaNet notebook scores with) into
+# (today: MLflow's client, its SQLite store and pydantic, which MLflow imports and the image lacks; nvidia-ml-py,
+# which MLflow's GPU system metrics read; pycocotools, which the RetinaNet notebook scores with) into
 # .devsite/extra.tar.gz, skipping what the machine's image already has.
 # Usage: PYTHON=.venv/bin/python bash benchmarks/gpu/pack-extra.sh
 set -euo pipefail
 PY=${PYTHON:-python3}
-ON_IMAGE="numpy matplotlib contourpy cycler fonttools kiwisolver pillow pyparsing python_dateutil six anyio annotated_doc certifi charset_normalizer click cloudpickle h11 idna markupsafe packaging protobuf pyyaml requests typing_extensions urllib3 zipp pydantic pydantic_core annotated_types typing_inspection"
+ON_IMAGE="numpy matplotlib contourpy cycler fonttools kiwisolver pillow pyparsing python_dateutil six anyio annotated_doc certifi charset_normalizer click cloudpickle h11 idna markupsafe packaging protobuf pyyaml requests typing_extensions urllib3 zipp"
 work=$(mktemp -d)
 "$PY" -m pip download -q mlflow-skinny==3.17.2 sqlalchemy alembic nvidia-ml-py pycocotools --python-version 3.12 --implementation cp \
   --only-binary=:all: --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$work/dl"
