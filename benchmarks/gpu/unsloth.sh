@@ -4,9 +4,10 @@
 #            full-size Llama-3.2-3B stand-in (random weights), the local FineTome-shaped data and STEPS steps, with a
 #            checkpoint every 5 (issue 16: every notebook on one GPU; issue 18: checkpoints, the 16-bit merge, MLflow);
 #  compare   Unsloth vs plain TRL + PEFT (SDPA), LoRA SFT of the same stand-in, same data, LoRA and batch
-#            (benchmarks/unsloth_vs_trl.py), and Unsloth imported after Transformers and PEFT (what its warning costs): tokens/s and peak memory, one run at a time on 1 GPU; on a machine with
-#            2 GPUs also DDP on 2 (the 2026-11-30 run had the two 1-GPU runs side by side, one per GPU, which made
-#            the 1 -> 2 GPU scaling read 2.11x: a 1-GPU figure must not share the host with another run).
+#            (benchmarks/unsloth_vs_trl.py), and Unsloth imported after Transformers and PEFT (what its warning
+#            costs): tokens/s and peak memory, one run at a time on 1 GPU; on a machine with 2 GPUs also DDP on 2
+#            (the 2026-11-30 run had the two 1-GPU runs side by side, one per GPU, which made the 1 -> 2 GPU
+#            scaling read 2.11x: a 1-GPU figure must not share the host with another run).
 # Needs the `notebook`, `trl` and `unsloth` profiles of benchmarks/gpu/pack-site.sh and MLflow's client
 # (benchmarks/gpu/pack-extra.sh) carried in .devsite/.
 # Knobs: STEPS (optimizer steps, warm-up included), WARMUP (untimed first steps), STAGES, SIZE (full; tiny for a
