@@ -1,10 +1,12 @@
 """The `@distributed` launcher: one test per behaviour of DESIGN.md's contract (CPU, gloo, 2 ranks)."""
 import ast
 import concurrent.futures
+import contextlib
 import json
 import linecache
 import multiprocessing
 import os
+import queue
 import re
 import shutil
 import signal
@@ -942,8 +944,11 @@ def test_system_metrics_arrive_in_the_active_mlflow_run(tmp_path):
 # --- a real Jupyter kernel, one for these tests; they come last: it lives until the module ends ---------
 
 KERNEL_LAUNCH = """
-import os, signal, time
+import faulthandler, os, signal, time
 from nbhelpers import distributed
+
+# for a test that waits in vain: SIGUSR2 writes every thread's stack here (reply_after_interrupt)
+faulthandler.register(signal.SIGUSR2, file=open(os.environ["KERNEL_STACKS_FILE"], "w"), all_threads=True)
 
 @distributed
 def sleeps():
@@ -964,11 +969,13 @@ def parse_on_every_rank():
 
 
 @pytest.fixture(scope="module")
-def kernel():
+def kernel(tmp_path_factory):
     """A real Jupyter kernel with KERNEL_LAUNCH run in a cell: (manager, client, that cell's number)."""
     from jupyter_client.manager import start_new_kernel
 
-    km, kc = start_new_kernel(kernel_name="python3")
+    stacks = tmp_path_factory.mktemp("kernel") / "stacks.txt"
+    km, kc = start_new_kernel(kernel_name="python3", env={**os.environ, "KERNEL_STACKS_FILE": str(stacks)})
+    km.stacks_file = stacks
     try:
         reply = kc.execute_interactive(KERNEL_LAUNCH, timeout=120, output_hook=lambda msg: None)
         assert reply["content"]["status"] == "ok", reply["content"]
@@ -991,13 +998,33 @@ def start_and_wait_until_running(kc, code):
     assert "[rank 0] ranks are running" in seen and "[rank 1] ranks are running" in seen, seen
 
 
+def reply_after_interrupt(km, kc, timeout):
+    """The interrupted cell's reply. Without one in time, the error says what the kernel was doing: its threads'
+    stacks and its processes (a CI run once waited in vain here, and the kernel answered nothing after it)."""
+    try:
+        return kc.get_shell_msg(timeout=timeout)
+    except queue.Empty:
+        alive = km.is_alive()
+        processes = []
+        if alive:
+            km.provisioner.process.send_signal(signal.SIGUSR2)
+            time.sleep(1)
+            with contextlib.suppress(psutil.Error):
+                for p in psutil.Process(km.provisioner.process.pid).children(recursive=True):
+                    with contextlib.suppress(psutil.Error):
+                        processes.append((p.pid, p.status(), " ".join(p.cmdline())[:100]))
+        stacks = km.stacks_file.read_text() if km.stacks_file.exists() else ""
+        raise AssertionError(f"no reply {timeout} s after the interrupt; kernel alive: {alive}; its processes: "
+                             f"{processes}; its stacks:\n{stacks}") from None
+
+
 def test_interrupting_the_kernel_stops_every_rank(kernel):
     km, kc, _ = kernel
     start_and_wait_until_running(kc, "sleeps.distributed()")
     kernel_pid = km.provisioner.process.pid
     assert len(leftover_processes(kernel_pid)) >= 2
     km.interrupt_kernel()
-    reply = kc.get_shell_msg(timeout=30)
+    reply = reply_after_interrupt(km, kc, timeout=30)
     assert reply["content"]["status"] == "error"
     assert reply["content"]["ename"] == "KeyboardInterrupt"
     assert_nothing_left_running(kernel_pid)
@@ -1011,7 +1038,7 @@ def test_interrupting_the_kernel_twice_leaves_no_rank_running(kernel):
         km.interrupt_kernel()
         time.sleep(0.5)
         km.interrupt_kernel()
-        reply = kc.get_shell_msg(timeout=60)
+        reply = reply_after_interrupt(km, kc, timeout=60)
         assert reply["content"]["ename"] == "KeyboardInterrupt", reply["content"]
         assert_nothing_left_running(kernel_pid)
 
