@@ -6,18 +6,45 @@ in the notebook's process.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import faulthandler
 import multiprocessing
 import os
+import shutil
 import signal
 import socket
 import sys
 import threading
 
-import torch  # imported here so that every fork of the server has it already
 
-from nbhelpers.payload import run_call
+def _remove_the_socket_folder_when_the_launcher_ends() -> None:
+    """In the fork server. The folder of its socket (multiprocessing's /tmp/pymp-*) is removed by the launcher only if
+    the launcher exits normally: a kernel killed with its process group (a Jupyter restart, papermill after a failure)
+    left one each time. The server ends when the launcher ends, however it ends (EOF on its `alive` pipe), so it
+    removes the folder then; in a session of its own, it outlives a kill of the launcher's process group."""
+    with contextlib.suppress(PermissionError):  # a process group leader already
+        os.setsid()
+    server = os.getpid()
+
+    def remove():
+        from multiprocessing import forkserver
+
+        address = forkserver._forkserver._forkserver_address  # the server's socket, set as it starts serving
+        folder = os.path.dirname(address) if isinstance(address, str) else ""
+        if os.getpid() == server and os.path.basename(folder).startswith("pymp-"):  # not in a fork of it
+            shutil.rmtree(folder, ignore_errors=True)
+
+    atexit.register(remove)
+
+
+# Before torch (seconds to import): the sooner the server has left the launcher's process group, the better.
+if any(arg.startswith("from multiprocessing.forkserver import main") for arg in sys.orig_argv):
+    _remove_the_socket_folder_when_the_launcher_ends()
+
+import torch  # noqa: E402  imported here so that every fork of the server has it already
+
+from nbhelpers.payload import run_call  # noqa: E402
 
 
 def _die_with_launcher(lifeline_fd: int) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import codecs
 import collections
 import contextlib
+import operator
 import os
 import random
 import re
@@ -44,9 +45,16 @@ class DistributedError(RuntimeError):
         self.attempts = list(attempts)
 
 
-def check_count(gpus) -> None:
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
-        raise ValueError(f"gpus must be a whole number >= 1 (or None for every visible GPU), got {gpus!r}")
+def check_count(gpus, name: str = "gpus") -> int:
+    """`gpus` as an int: any integer type counts (numpy's, as a notebook computes it); a bool, a float, a string
+    or a count below 1 is refused, naming the setting `name`."""
+    try:
+        count = None if isinstance(gpus, bool) else operator.index(gpus)
+    except TypeError:
+        count = None
+    if count is None or count < 1:
+        raise ValueError(f"{name} must be a whole number >= 1 (or None for every visible GPU), got {gpus!r}")
+    return count
 
 
 def cancelled(name: str) -> CancelledError:

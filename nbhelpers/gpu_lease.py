@@ -72,8 +72,7 @@ class GpuLease:
         self.files.clear()
 
     def _try(self, directory: str, gpu: str) -> None:
-        path = os.path.join(directory, f"gpu-{gpu.replace(os.sep, '_')}.lock")
-        f = open(os.open(path, os.O_RDWR | os.O_CREAT, 0o666), "r+")
+        f = open(_open_lock_file(os.path.join(directory, f"gpu-{gpu.replace(os.sep, '_')}.lock")), "r+")
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -91,3 +90,19 @@ class GpuLease:
                 with open(os.path.join(directory, f"gpu-{gpu.replace(os.sep, '_')}.lock")) as f:
                     held.append(f"GPU {gpu}: {f.read().strip() or '?'}")
         return "; ".join(held) or "?"
+
+
+def _open_lock_file(path: str) -> int:
+    """The GPU's lock file, opened read-write. One per GPU, shared by every user of the host (not one per user: the
+    leases keep launches of different users off each other's GPUs), so its creator makes it rw for everyone: fchmod,
+    as the umask cuts os.open's mode to 0644 and the next user got PermissionError. An existing file is opened without
+    O_CREAT, which fs.protected_regular refuses on another user's file in a sticky directory."""
+    while True:
+        with contextlib.suppress(FileNotFoundError):
+            return os.open(path, os.O_RDWR)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            continue  # another launch created it just now
+        os.fchmod(fd, 0o666)
+        return fd

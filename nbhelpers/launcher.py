@@ -82,9 +82,8 @@ def distributed(fn=None, *, gpus: int | None = None, gpu_type=None, remote: bool
     _say_what_pools_mean_here()
     if gpus is not None:
         # A bad count fails at decoration, long before a launch (the cluster's GPUs are counted at launch).
-        if engine == "ray":
-            check_count(gpus)
-        else:
+        gpus = check_count(gpus, "gpus" if num_accelerators is None else "num_accelerators")
+        if engine == "local":
             from nbhelpers import local_engine
 
             local_engine.world_size(gpus)

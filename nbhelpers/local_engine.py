@@ -96,7 +96,7 @@ def world_size(gpus) -> int:
     visible = _visible_gpu_count()
     if gpus is None:
         return visible or DEFAULT_CPU_PROCESSES
-    check_count(gpus)
+    gpus = check_count(gpus)
     if visible and gpus > visible:
         raise ValueError(
             f"gpus={gpus} but only {visible} GPU(s) are visible to this process "
@@ -289,6 +289,7 @@ class _LocalLaunch:
         self.selector = selectors.DefaultSelector()
         self.printers = Printers(output, label)
         self.watch = None  # a ProgressWatch, with a stall timeout
+        self.run_id = None  # set once the port is picked: the stop must work from any point of the start
 
     def run(self) -> RankResults:
         ctx = _fork_server_context()
@@ -299,9 +300,7 @@ class _LocalLaunch:
                 # one in the background, where more launches are to come (as torchrun gives several ranks)
                 threads = 1 if self.label else max(1, _usable_cores() // running)
                 self._start(ctx, threads)
-                sampler = RankSampler([r.process.pid for r in self.ranks], self.gpus or [None] * self.world_size,
-                                      self.mlflow_run_id)
-                sampler.start()
+                sampler = self._started_sampler()  # None until it runs: the stop below joins only a started one
                 failure = self._supervise()
                 if failure is None:
                     self._wait_for_exit()
@@ -349,6 +348,12 @@ class _LocalLaunch:
             self.selector.register(process.sentinel, selectors.EVENT_READ, (r, "exit"))
         if self.stall_timeout is not None:
             self.watch = ProgressWatch(range(self.world_size), self.stall_timeout)
+
+    def _started_sampler(self) -> RankSampler:
+        sampler = RankSampler([r.process.pid for r in self.ranks], self.gpus or [None] * self.world_size,
+                              self.mlflow_run_id)
+        sampler.start()
+        return sampler
 
     # -- watch ----------------------------------------------------------------------------------
     def _supervise(self):
@@ -568,7 +573,8 @@ class _LocalLaunch:
                 parent = psutil.Process(r.process.pid)
                 procs.update((p.pid, p) for p in [parent, *parent.children(recursive=True)])
         # Processes whose rank already died (re-parented away) or that left the rank's session
-        procs.update((p.pid, p) for p in launch_processes(self.run_id) if p.pid not in procs)
+        if self.run_id is not None:  # None: interrupted before any rank got the id (launch_processes(None) is everyone)
+            procs.update((p.pid, p) for p in launch_processes(self.run_id) if p.pid not in procs)
 
         def signal_groups(sig):
             for r in self.ranks:

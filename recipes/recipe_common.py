@@ -124,8 +124,8 @@ def init_distributed(ddp_timeout: float):
 @contextlib.contextmanager
 def torchrun_job(recipe: str, args):
     """Everything a torchrun recipe does around its training, in order: join the process group, seed, stop clearly
-    if a node is lost, track the run in MLflow (rank 0); yields (this rank's device, mlflow or None); leaves the
-    process group at the end."""
+    if a node is lost, track the run in MLflow (rank 0); yields (this rank's device, mlflow or None); at the end leaves
+    the process group and ends the process (`shutdown`)."""
     import torch
 
     device = init_distributed(args.ddp_timeout)
@@ -137,14 +137,20 @@ def torchrun_job(recipe: str, args):
 
 
 def shutdown() -> None:
-    """Leave the process group; then spare the interpreter its final garbage collection over the ~10^6 objects
-    that transformers, TRL and DeepSpeed create at import (seen taking minutes on a busy 2-core machine)."""
-    import gc
+    """Leave the process group, then end the process (exit code 0) without the interpreter's finalization.
 
+    destroy_process_group leaves gloo's threads running while anything still refers to a group (FSDP2's state does).
+    Such a thread that frees the last reference to a tensor takes the GIL; if it gets it while the interpreter
+    finalizes, Python (before 3.14) ends the thread inside a C++ destructor, and the rank aborts after training to the
+    end ("terminate called without an active exception"). Finalization would also garbage-collect the ~10^6 objects
+    that transformers, TRL and DeepSpeed create at import (seen taking minutes on a busy 2-core machine).
+    """
     import torch.distributed as dist
 
     dist.destroy_process_group()
-    gc.freeze()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def node_rank() -> int:
@@ -302,12 +308,25 @@ def newest_ray_checkpoint(experiment_dir: str | Path) -> tuple[Path | None, dict
 
 
 def checkpoint_dir_to_use(args) -> Path:
-    """output_dir/checkpoints; a fresh run (resume_from_checkpoint false) over an earlier run's checkpoints is
-    refused here, before anything loads or is overwritten."""
-    folder = Path(args.output_dir) / "checkpoints"
+    """output_dir/checkpoints. A run that would start afresh over an earlier run is refused here, before anything
+    loads or is overwritten: over its checkpoints (resume_from_checkpoint false), or, with no checkpoint to resume
+    from (save_steps 0 writes none), over its final_model/ or metrics.json."""
+    output_dir = Path(args.output_dir)
+    folder = output_dir / "checkpoints"
     if not args.resume_from_checkpoint:
         checkpoints.refuse_to_start_over(folder, "step_*")
+    if not args.resume_from_checkpoint or not _has_checkpoints(folder):
+        earlier = [name for name in ("final_model", "metrics.json") if (output_dir / name).exists()]
+        if earlier:
+            raise FileExistsError(f"{output_dir} holds the {' and '.join(earlier)} of an earlier run, and this run "
+                                  f"would start afresh (no checkpoint in {folder} to resume from) and replace them: "
+                                  "pass another output_dir, or delete them")
     return folder
+
+
+def _has_checkpoints(folder: Path) -> bool:
+    # step_N.tmp, step_N.old: a save in progress, a checkpoint being replaced (nbhelpers.checkpoints), no resume point
+    return any(p.is_dir() and not p.name.endswith((".tmp", ".old")) for p in folder.glob("step_*"))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import time
 
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 import torch
@@ -27,6 +28,7 @@ import torch.distributed as dist
 import nbhelpers
 import nbhelpers.local_engine as local_engine
 from nbhelpers import DistributedError, backend, distributed
+from nbhelpers.gpu_lease import GpuLease
 from launcher_checks import assert_a_stall_names_every_ranks_stack, simulate_gpus
 from timed_stream import TimedStream
 
@@ -142,6 +144,20 @@ def test_more_gpus_than_visible_is_refused_before_anything_starts(monkeypatch):
 def test_gpus_below_one_or_not_a_whole_number_is_refused(bad):
     with pytest.raises(ValueError, match="gpus must be a whole number >= 1"):
         distributed(gpus=bad)(lambda: None)
+
+
+@pytest.mark.parametrize("setting", ["gpus", "num_accelerators"])
+def test_a_numpy_integer_is_a_whole_number_of_gpus(setting):
+    counted = distributed(**{setting: np.int64(2)})(_rank)  # what a notebook computes: len(...) // 2, np.sum(...)
+    assert counted.gpus == 2 and type(counted.gpus) is int
+    assert counted.distributed() == [0, 1]
+
+
+@pytest.mark.parametrize("bad", [2.5, np.float64(2.0), "2", np.True_, True])
+def test_num_accelerators_that_is_not_a_whole_number_is_refused_by_its_name(bad):
+    message = rf"num_accelerators must be a whole number >= 1 .*, got {re.escape(repr(bad))}"
+    with pytest.raises(ValueError, match=message):
+        distributed(num_accelerators=bad)(lambda: None)
 
 
 def test_with_gpus_visible_the_default_is_one_process_per_gpu(monkeypatch):
@@ -646,6 +662,37 @@ def test_a_second_interrupt_during_the_stop_leaves_no_rank_running(tmp_path):
         proc.wait()
 
 
+class _InterruptOnSecondEntry:
+    """A stand-in for _main_module_not_rerun whose second entry (rank 1's start) is interrupted."""
+
+    def __init__(self):
+        self.entries = 0
+
+    @contextlib.contextmanager
+    def __call__(self):
+        self.entries += 1
+        if self.entries == 2:
+            raise KeyboardInterrupt
+        yield
+
+
+def _interrupt(*args, **kwargs):
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("where", ["picking the port", "starting rank 1", "starting the system-metrics sampler"])
+def test_an_interrupt_during_the_start_is_a_keyboard_interrupt_and_leaves_nothing_running(monkeypatch, where):
+    if where == "picking the port":
+        monkeypatch.setattr(local_engine, "free_port", _interrupt)
+    elif where == "starting rank 1":
+        monkeypatch.setattr(local_engine, "_main_module_not_rerun", _InterruptOnSecondEntry())
+    else:
+        monkeypatch.setattr(local_engine.RankSampler, "start", _interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        distributed(_sleeps).distributed(300)
+    assert_nothing_left_running()
+
+
 def test_a_stall_dumps_every_ranks_python_stack_then_kills_them():
     assert_a_stall_names_every_ranks_stack(2)
     assert_nothing_left_running()
@@ -752,6 +799,40 @@ def test_a_sigkilled_driver_leaves_no_rank_and_no_file_behind():
     left = [p for p in tmp_path.rglob("nbhelpers-*")]
     shutil.rmtree(tmp_path, ignore_errors=True)
     assert not left, left
+
+
+LAUNCHES_THEN_WAITS = """
+import time
+from nbhelpers import distributed
+
+def rank():
+    import os
+    return int(os.environ["RANK"])
+
+print(distributed(rank).distributed(), flush=True)
+time.sleep(300)
+"""
+
+
+@pytest.mark.parametrize("killed", ["the driver", "its process group"])  # a Jupyter restart kills the kernel's group
+def test_a_sigkilled_driver_leaves_no_multiprocessing_folder_in_the_temporary_directory(killed):
+    tmp_path = Path(tempfile.mkdtemp(prefix="nbh-", dir="/tmp"))  # short: the fork server's socket path must fit
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    driver = subprocess.Popen([sys.executable, "-c", LAUNCHES_THEN_WAITS], env=env, stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    helpers = []
+    try:
+        assert driver.stdout.readline() == "[0, 1]\n", "the launch failed"
+        helpers = psutil.Process(driver.pid).children(recursive=True)  # the fork server, multiprocessing's tracker
+        assert list(tmp_path.glob("pymp-*")), "the fork server's socket is no longer in multiprocessing's folder"
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL) if killed == "its process group" else driver.kill()
+        driver.wait()
+    _, alive = psutil.wait_procs(helpers, timeout=10)
+    left = [p.name for p in tmp_path.iterdir()]
+    shutil.rmtree(tmp_path, ignore_errors=True)
+    assert not alive, f"outlived their driver: {alive}"
+    assert left == []
 
 
 def _rank():
@@ -879,6 +960,45 @@ def test_the_gpu_lease_is_seen_by_every_process_of_the_host(monkeypatch, tmp_pat
     finally:
         other.kill()
         other.wait()
+
+
+def _lease_gpu_0_as_nobody() -> str:
+    """What happens when user nobody leases GPU 0, in a fork of this process (only plain system calls in it)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            with GpuLease(["0"], 1, holder="another user") as gpus:
+                outcome = f"leased {gpus}"
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            outcome = repr(exc)
+        os.write(write, outcome.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        outcome = f.read()
+    os.waitpid(pid, 0)
+    return outcome
+
+
+def test_a_gpu_lease_file_can_be_locked_by_another_user_of_the_host(monkeypatch):
+    folder = Path(tempfile.mkdtemp(prefix="nbh-", dir="/tmp"))
+    folder.chmod(0o755)  # every user may enter it, as /tmp
+    monkeypatch.setenv("NBHELPERS_GPU_LEASE_DIR", str(folder / "leases"))
+    umask = os.umask(0o022)  # the usual one
+    try:
+        with GpuLease(["0"], 1, holder="the first user"):
+            pass
+        assert (folder / "leases" / "gpu-0.lock").stat().st_mode & 0o777 == 0o666
+        if os.geteuid() == 0:  # root can be another user
+            assert _lease_gpu_0_as_nobody() == "leased ['0']"
+    finally:
+        os.umask(umask)
+        shutil.rmtree(folder)
 
 
 def test_cancelling_one_run_stops_its_ranks_and_nothing_else(monkeypatch, tmp_path):

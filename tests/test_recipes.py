@@ -2,6 +2,7 @@
 process each) meeting through a c10d rendezvous on 127.0.0.1, on CPU with tiny stand-ins."""
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
@@ -278,6 +279,83 @@ def test_a_fresh_fsdp2_run_into_an_earlier_runs_checkpoints_is_refused_before_an
     assert (f"FileExistsError: {tmp_path}/out/checkpoints holds the checkpoints of an earlier run (step_0000006, ...): "
             "resume from them (resume_from_checkpoint true), or pass another output_dir, or delete them") in proc.stderr
     assert checkpoints.verify(earlier) == {"step": 6}
+
+
+@pytest.mark.parametrize("recipe, left", [("fsdp2_qwen3_multinode", "final_model"),
+                                          ("fsdp_llama_3_1_8b_multinode", "metrics.json")])
+def test_a_run_without_checkpoints_into_an_earlier_runs_output_dir_is_refused_before_anything_loads(
+        tmp_path, recipe, left):
+    out = tmp_path / "out"
+    earlier = out / left / "model.safetensors" if left == "final_model" else out / left
+    earlier.parent.mkdir(parents=True)
+    earlier.write_text("the earlier run's")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
+               str(RECIPES / recipe / "train.py"), "--output_dir", str(out), "--save_steps", "0",
+               "--model_name_or_path", str(tmp_path / "no-model-needed")]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+    assert proc.returncode != 0
+    assert (f"FileExistsError: {out} holds the {left} of an earlier run, and this run would start afresh (no "
+            f"checkpoint in {out}/checkpoints to resume from) and replace them: pass another output_dir, or delete them"
+            in proc.stderr), proc.stderr[-3000:]
+    assert earlier.read_text() == "the earlier run's"
+
+
+def test_a_rerun_that_resumes_from_its_checkpoints_may_replace_the_earlier_final_model(tmp_path):
+    spec = importlib.util.spec_from_file_location("recipe_common", RECIPES / "recipe_common.py")
+    recipe_common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe_common)
+    (tmp_path / "final_model").mkdir()
+    (tmp_path / "metrics.json").write_text("{}")
+    checkpoint = tmp_path / "checkpoints" / "step_0000006"
+    checkpoint.mkdir(parents=True)
+    checkpoints.seal(checkpoint, {"step": 6}, no_dist=True)
+    args = argparse.Namespace(output_dir=str(tmp_path), resume_from_checkpoint=True)
+    assert recipe_common.checkpoint_dir_to_use(args) == tmp_path / "checkpoints"
+
+
+# A recipe's end (recipe_common.shutdown) while a gloo thread still frees a tensor: as after FSDP2 training, whose state
+# keeps the process groups (so destroy_process_group leaves their threads running). Made certain here: rank 1 drops
+# its tensor while an all-reduce holds it, and keeps the GIL (as a busy machine delays the gloo thread) until the
+# interpreter finalizes.
+FREED_BY_GLOO_AT_EXIT = textwrap.dedent("""
+    import sys, time
+    import torch, torch.distributed as dist
+    sys.path.insert(0, sys.argv[1])
+    from recipe_common import shutdown
+
+    dist.init_process_group("gloo")
+    kept = dist.group.WORLD
+    if dist.get_rank() == 0:
+        time.sleep(1.0)
+        dist.all_reduce(torch.ones(1 << 16))
+    else:
+        sys.setswitchinterval(1000)
+        tensor = torch.ones(1 << 16)
+        dist.all_reduce(tensor, async_op=True)
+        del tensor  # a gloo thread holds the last reference, and needs the GIL to free it once rank 0 joins
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:
+            pass
+
+    class ReleasesTheGilWhileTheInterpreterFinalizes:
+        def __del__(self, sleep=time.sleep):
+            sleep(1)
+
+    finalizing = ReleasesTheGilWhileTheInterpreterFinalizes()
+    shutdown()
+""")
+
+
+def test_a_rank_ends_with_code_0_while_a_gloo_thread_still_frees_a_tensor(tmp_path):
+    script = tmp_path / "freed_by_gloo_at_exit.py"
+    script.write_text(FREED_BY_GLOO_AT_EXIT)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script),
+               str(RECIPES)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+    assert "terminate called" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 def test_packed_sample_has_the_same_loss_as_alone(standin):
