@@ -1,0 +1,181 @@
+"""GPT-OSS LoRA training speed as the TRL notebooks configure it, one variant per run, for side-by-side runs in one
+GPU call (benchmarks/gpu/gpt_oss.sh). Issue 38.
+
+The model is a random-weight stand-in of the published shape (tests/standins.py), built on the GPU from its config;
+the training settings are the notebook's own: its `lora_config`, `sft_config` (and for the 120B `fsdp_settings`)
+cells are executed from the .ipynb, so what is measured is what the notebook trains. Data: data/multilingual_thinking.
+
+    python benchmarks/gpt_oss_speed.py OUT.json [--model gpt-oss-20b] [--layers N] [--torch_compile]
+        [--packing] [--max_steps 10] [--profile PREFIX]
+    torchrun --nproc-per-node 1 benchmarks/gpt_oss_speed.py OUT.json --model gpt-oss-120b --layers 8 ...  (FSDP)
+
+Writes OUT.json: tokens/s of real (non-padding) tokens after 2 warm-up steps (and before the profiled ones), MFU (6 x active parameters per
+token over 989 TFLOP/s, the convention of issue 38), peak memory, the first step's time, the losses.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from transformers import TrainerCallback
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+NOTEBOOKS = {"gpt-oss-20b": ROOT / "notebooks/trl/ddp_gpt_oss_20b.ipynb",
+             "gpt-oss-120b": ROOT / "notebooks/trl/fsdp_gpt_oss_120b.ipynb"}
+H100_H200_BF16 = 989e12
+
+
+def notebook_functions(path: Path) -> dict:
+    """The notebook's imports and its cells that only define functions and constants, executed into one namespace."""
+    cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+    namespace: dict = {}
+    exec("".join(cells[1]["source"]), namespace)  # the imports cell (after `parameters`)
+    for cell in cells[2:]:
+        source = "".join(cell["source"])
+        if any(f"def {name}(" in source for name in ("lora_config", "sft_config", "fsdp_settings")):
+            exec(source, namespace)
+    return namespace
+
+
+def active_parameters(model) -> float:
+    """Parameters a token passes through in matmuls: the experts scaled by top-k / experts, no input embedding."""
+    config = model.config
+    share = config.num_experts_per_tok / config.num_local_experts
+    embedding = model.get_input_embeddings().weight.numel()
+    total = expert = 0
+    for name, parameter in model.named_parameters():
+        if "lora_" in name:
+            continue
+        total += parameter.numel()
+        expert += parameter.numel() if ".experts." in name else 0
+    return total - embedding - expert * (1 - share)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--model", default="gpt-oss-20b", choices=list(NOTEBOOKS))
+    parser.add_argument("--layers", type=int, default=None)
+    parser.add_argument("--torch_compile", action="store_true", help="compile each decoder layer, as the notebook does")
+    parser.add_argument("--packing", action="store_true")
+    parser.add_argument("--max_steps", type=int, default=10)
+    parser.add_argument("--per_device_train_batch_size", type=int, default=None)
+    parser.add_argument("--profile", default=None, help="profile the last step into PREFIX.txt")
+    parser.add_argument("--size", default="full", choices=["full", "tiny"], help="tiny: check the script on a CPU")
+    cli = parser.parse_args()
+
+    import standins
+    from datasets import load_dataset
+    from transformers import AutoModelForCausalLM
+    from trl import SFTTrainer
+
+    from nbhelpers.hf import StepTimer, logged
+
+    nb = notebook_functions(NOTEBOOKS[cli.model])
+    defaults = {"gpt-oss-20b": 4, "gpt-oss-120b": 2}
+    args = SimpleNamespace(
+        output_dir=str(Path(cli.out).with_suffix("")), learning_rate=2e-4, max_steps=cli.max_steps,
+        per_device_train_batch_size=cli.per_device_train_batch_size or defaults[cli.model], max_length=2048,
+        lora_r={"gpt-oss-20b": 8, "gpt-oss-120b": 32}[cli.model], fsdp_config="", torch_compile=cli.torch_compile,
+        sft_settings={"packing": cli.packing, "save_steps": 10_000, "report_to": [], "dataloader_num_workers": 0},
+    )
+    if cli.model == "gpt-oss-120b":  # built on the GPU here, not loaded by rank 0: nothing to broadcast
+        args.sft_settings["fsdp_config"] = {**nb["fsdp_settings"](args), "cpu_ram_efficient_loading": False}
+    sft = nb["sft_config"](args)
+
+    on_gpu = torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if on_gpu else torch.device("cpu")
+    config = standins.config(cli.model, cli.size, cli.layers)
+    tokenizer = standins.tokenizer(cli.model)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if on_gpu else torch.float32,
+                                                 attn_implementation="flex_attention" if on_gpu else "eager")
+    model.config.use_cache = False
+    if cli.torch_compile:  # as the notebook: one graph per decoder layer, hooks outside it
+        if cli.model == "gpt-oss-120b":  # PEFT's parametrised experts: a class, and so a graph, per layer
+            torch._dynamo.config.recompile_limit = 2 * len(model.model.layers) + 8
+        for layer in model.model.layers:
+            layer.forward = torch.compile(layer.forward)
+    dataset = load_dataset("json", data_files=str(ROOT / "data/multilingual_thinking/train.jsonl"), split="train")
+
+    class Clock(TrainerCallback):
+        def on_train_begin(self, *a, **k):
+            self.begin = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            if not hasattr(self, "first_step_s"):
+                if on_gpu:
+                    torch.cuda.synchronize()
+                self.first_step_s = time.perf_counter() - self.begin
+
+    timer, clock = StepTimer(), Clock()
+    callbacks = [timer, clock]
+    profiled_from = cli.max_steps - 1 if cli.profile else None  # the last step, after the timed ones
+    if cli.profile:
+        callbacks.append(Profiler(cli.profile, wait=profiled_from))
+    trainer = SFTTrainer(model=model, args=sft, train_dataset=dataset, peft_config=nb["lora_config"](args),
+                         processing_class=tokenizer, callbacks=callbacks)
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats(device)
+    trainer.train()
+    times, tokens = timer.times[:profiled_from], timer.tokens[:profiled_from]  # steps 3 .. the last unprofiled one
+    tokens_per_s = (tokens[-1] - tokens[2]) / (times[-1] - times[2])
+    active = active_parameters(trainer.model.get_base_model() if hasattr(trainer.model, "get_base_model")
+                               else trainer.model)
+    result = {
+        "model": cli.model, "layers": config.num_hidden_layers, "torch_compile": cli.torch_compile,
+        "packing": cli.packing, "per_device_train_batch_size": args.per_device_train_batch_size,
+        "gradient_accumulation_steps": sft.gradient_accumulation_steps, "max_length": sft.max_length,
+        "tokens_per_s": tokens_per_s, "active_parameters": active,
+        "mfu": tokens_per_s * 6 * active / H100_H200_BF16 if on_gpu else None,
+        "tokens_per_step": (tokens[-1] - tokens[2]) / (len(tokens) - 3), "timed_steps": len(tokens) - 3,
+        "first_step_s": clock.first_step_s, "steps": len(timer.times),
+        "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if on_gpu else None,
+        "losses": logged(trainer, "loss"),
+        "device": torch.cuda.get_device_name(device) if on_gpu else "cpu",
+        "versions": {m.__name__: m.__version__ for m in (torch, __import__("transformers"), __import__("trl"),
+                                                         __import__("peft"))},
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    if int(os.environ.get("RANK", 0)) == 0:
+        Path(cli.out).write_text(json.dumps(result, indent=1) + "\n")
+        print(json.dumps({k: v for k, v in result.items() if k != "losses"}), flush=True)
+
+
+class Profiler(TrainerCallback):
+    """Profiles the GPU kernels of the optimizer step after `wait` and writes their table, sorted by GPU time."""
+
+    def __init__(self, prefix, wait):
+        self.prefix, self.wait, self.step, self.prof = prefix, wait, 0, None
+
+    def on_step_end(self, *a, **k):
+        from torch.profiler import ProfilerActivity, profile
+
+        self.step += 1
+        if self.step == self.wait:
+            self.prof = profile(activities=[ProfilerActivity.CUDA])
+            self.prof.start()
+            self.started = time.perf_counter()
+        elif self.step == self.wait + 1 and self.prof is not None:
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - self.started
+            self.prof.stop()
+            events = self.prof.key_averages()
+            key = "self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
+            busy = sum(getattr(e, key) for e in events if e.device_type == torch.autograd.DeviceType.CUDA) / 1e6
+            table = events.table(sort_by=key, row_limit=40, max_name_column_width=90)
+            Path(self.prefix + ".txt").write_text(
+                f"1 optimizer step: wall {wall:.3f} s (profiled), GPU kernels busy {busy:.3f} s\n\n{table}")
+            self.prof = None
+
+
+if __name__ == "__main__":
+    main()

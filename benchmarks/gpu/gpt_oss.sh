@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Issue 38 on ONE H200: GPT-OSS LoRA speed as the TRL notebooks configure it, side by side in one call.
+# Stages (GPT_OSS_STAGES, in this order; the first three are runs of benchmarks/gpt_oss_speed.py, which trains with
+# the notebook's own settings):
+#   speed   GPT-OSS-20B, full size, 24 layers, packed rows of 2,048 tokens, 4 a micro-step: each decoder layer
+#           compiled (its last step profiled, after the timed ones), then eager (same seed and data: the losses compare).
+#   padded  the same without packing (the notebook before it): real tokens/s of padded batches, eager and compiled.
+#   fsdp    GPT-OSS-120B at full width with GPT_OSS_120B_LAYERS layers (default 8), FSDP2 through the Trainer under
+#           torchrun on one GPU, per-GPU batch 2 x 2,048: compiled, then eager.
+#   nb20b   the DDP notebook through papermill on a stand-in written here (all 24 layers, MXFP4 experts), num_gpus 1,
+#           torch_compile True then False, 8 steps, no merge.
+#   nb120b  the FSDP notebook the same way, GPT_OSS_120B_NOTEBOOK_LAYERS layers (default 12).
+# --packing measures speed only: with Transformers 5.17 packed GPT-OSS conversations attend to each other
+# (tests/test_gpt_oss_compile_and_packing.py), so the notebooks do not pack.
+# Results: $RESULTS/gpt_oss/<run>.json, <run>.log, profile_*.txt, summary.txt.
+# Carry .devsite (pack-site.sh notebook trl, pack-extra.sh); run: bash benchmarks/gpu/run.sh gpt_oss:560
+# CPU dry run of the script's logic: GPT_OSS_SIZE=tiny RESULTS=/tmp/r bash benchmarks/gpu/gpt_oss.sh
+set -uo pipefail
+out=$RESULTS/gpt_oss; mkdir -p "$out"
+stages=" ${GPT_OSS_STAGES:-speed nb20b} "
+size=${GPT_OSS_SIZE:-full}
+steps=${GPT_OSS_STEPS:-12}
+layers120=${GPT_OSS_120B_LAYERS:-8}
+models=${TMPDIR:-/tmp}/gpt-oss-standins
+
+run() {  # run NAME LIMIT ARGS...: one benchmark process, its log and its JSON under $out
+  local name=$1 limit=$2; shift 2
+  local started=$(date +%s)
+  timeout "$limit" "$@" > "$out/$name.log" 2>&1
+  printf '%s\trc=%s\t%d s\n' "$name" "$?" $(( $(date +%s) - started )) | tee -a "$out/stages.tsv"
+  tail -n 2 "$out/$name.log"
+}
+bench=(python3 benchmarks/gpt_oss_speed.py --size "$size" --max_steps "$steps")
+if [[ $stages == *" speed "* ]]; then
+  run 20b_compiled_packed 170 "${bench[@]}" "$out/20b_compiled_packed.json" --packing --torch_compile \
+    --profile "$out/profile_20b_compiled_packed"
+  [[ $stages == *" eager "* ]] && run 20b_eager_packed 150 "${bench[@]}" "$out/20b_eager_packed.json" --packing
+fi
+if [[ $stages == *" padded "* ]]; then
+  run 20b_eager_padded 150 "${bench[@]}" "$out/20b_eager_padded.json"
+  run 20b_compiled_padded 200 "${bench[@]}" "$out/20b_compiled_padded.json" --torch_compile
+fi
+if [[ $stages == *" fsdp "* ]]; then
+  fsdp=(torchrun --nproc-per-node 1 benchmarks/gpt_oss_speed.py --size "$size" --max_steps 8 --model gpt-oss-120b
+        --layers "$layers120" --packing)
+  run 120b_compiled_packed 150 "${fsdp[@]}" "$out/120b_compiled_packed.json" --torch_compile
+  run 120b_eager_packed 120 "${fsdp[@]}" "$out/120b_eager_packed.json"
+fi
+pm() {  # pm NOTEBOOK RUN -p ...: executed into $out/RUN.ipynb, output_dir $out/RUN
+  local notebook=$1 name=$2; shift 2
+  local started=$(date +%s)
+  timeout 240 python3 -m papermill --execution-timeout 600 --no-progress-bar "$notebook" "$out/$name.ipynb" \
+    -p output_dir "$out/$name" -p num_gpus 1 -p dataset_name "$PWD/data/multilingual_thinking" -p max_steps 8 \
+    -p merge_adapter False "$@" > "$out/$name.log" 2>&1
+  printf '%s\trc=%s\t%d s\n' "$name" "$?" $(( $(date +%s) - started )) | tee -a "$out/stages.tsv"
+  rm -rf "$out/$name/checkpoints"
+}
+weights=(--weights); [[ $size == tiny ]] && weights=()
+mkdir -p "$models"
+if [[ $stages == *" nb20b "* ]]; then
+  python3 tests/standins.py make gpt-oss-20b --size "$size" "${weights[@]}" --mxfp4 --out "$models/gpt-oss-20b"
+  pm notebooks/trl/ddp_gpt_oss_20b.ipynb nb_20b_compiled -p model_name_or_path "$models/gpt-oss-20b" -p torch_compile True
+  pm notebooks/trl/ddp_gpt_oss_20b.ipynb nb_20b_eager -p model_name_or_path "$models/gpt-oss-20b" -p torch_compile False
+  rm -rf "$models/gpt-oss-20b"
+fi
+if [[ $stages == *" nb120b "* ]]; then
+  python3 tests/standins.py make gpt-oss-120b --size "$size" "${weights[@]}" --mxfp4 \
+    --layers "${GPT_OSS_120B_NOTEBOOK_LAYERS:-12}" --out "$models/gpt-oss-120b"
+  pm notebooks/trl/fsdp_gpt_oss_120b.ipynb nb_120b_compiled -p model_name_or_path "$models/gpt-oss-120b" -p torch_compile True
+  pm notebooks/trl/fsdp_gpt_oss_120b.ipynb nb_120b_eager -p model_name_or_path "$models/gpt-oss-120b" -p torch_compile False
+  rm -rf "$models/gpt-oss-120b"
+fi
+python3 - "$out" <<'PY' | tee "$out/summary.txt"
+import json, sys
+from pathlib import Path
+for path in sorted(Path(sys.argv[1]).glob("*.json")):
+    r = json.loads(path.read_text())
+    mfu = f"{r['mfu']:.1%}" if r.get("mfu") else "-"
+    peak = f"{r['peak_memory_gib']:.1f} GiB" if r.get("peak_memory_gib") else "-"
+    print(f"{path.stem:24s} {r['tokens_per_s']:9,.0f} tokens/s  MFU {mfu:>6s}  peak {peak:>10s}  "
+          f"first step {r['first_step_s']:5.1f} s  {r['tokens_per_step']:8,.0f} tokens/step  "
+          f"losses {' '.join(f'{x:.3f}' for x in r['losses'][:8])}")
+PY
