@@ -1,5 +1,5 @@
 """What the Hugging Face notebooks share: throughput without the warm-up steps, one clear error for a model or
-dataset that cannot be found, one MLflow run that the notebook and the Trainer's callback both log into, the
+dataset that cannot be found or a loss that cannot run without a GPU, one MLflow run that the notebook and the Trainer's callback both log into, the
 adapter's fingerprint (DDP keeps it identical on every rank) and the merged model's export."""
 from __future__ import annotations
 
@@ -124,6 +124,29 @@ def check_push_to_hub(push_to_hub: bool, hub_model_id: str) -> None:
         raise ValueError("push_to_hub needs hub_model_id (e.g. 'your-name/gpt-oss-20b-multilingual') and a token with "
                          "write access: `export HF_TOKEN=hf_...` or run `hf auth login` once"
                          f" (hub_model_id={hub_model_id!r}, token {'found' if get_token() else 'not found'})")
+
+
+class NeedsGpuError(RuntimeError):
+    """What the notebook trains with cannot run on this machine's CPUs."""
+
+
+def check_trl_loss_runs_here() -> None:
+    """Before anything loads: TRL 1.15's SFTTrainer computes its loss with a Triton kernel (`trl.kernels`), which needs
+    a GPU. Without one, one line says so here, instead of Triton's "0 active drivers" at the first training step.
+    With a GPU nothing is run (the notebook's own process keeps off the GPU)."""
+    if torch.cuda.is_available():
+        return
+    from trl.trainer import utils
+
+    try:
+        utils._ChunkedLogProbFunction.apply(torch.zeros(1, 8), torch.zeros(4, 8), None, torch.zeros(1, dtype=torch.long),
+                                            1.0, 4)
+    except RuntimeError as error:
+        if "active drivers" not in str(error):
+            raise
+        raise NeedsGpuError("no GPU is visible, and TRL's SFTTrainer computes its loss with a Triton kernel that needs "
+                            "one (TRL 1.15): run this notebook on a machine with an NVIDIA GPU; on CPUs, the PyTorch "
+                            "notebooks (notebooks/pytorch/) run as 2 processes") from None
 
 
 def start_mlflow_run(args, experiment: str) -> str:

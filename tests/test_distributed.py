@@ -1,4 +1,5 @@
-"""The `@distributed` launcher: one test per behaviour of DESIGN.md's contract (CPU, gloo, 2 ranks)."""
+"""The `@distributed` launcher: one test per behaviour of its contract (README, "How `@distributed` works"; CPU, gloo,
+2 ranks)."""
 import ast
 import concurrent.futures
 import contextlib

@@ -1,4 +1,4 @@
-"""The notebook anatomy every notebook keeps (DESIGN.md, 'Notebook anatomy'): a short header, one cell of a few
+"""The notebook anatomy every notebook keeps (README, "The notebooks"): a short header, one cell of a few
 literal parameters read with read_parameters(), short cells, nothing only for the tests, one vocabulary
 (docs/vocabulary.md) shared with the recipes."""
 import ast

@@ -1,29 +1,28 @@
 """Hugging Face trainers (TRL, accelerate, DeepSpeed) on the CPU processes of the tests, without GPUs.
 
-The notebooks and recipes run the same TRL code on GPUs and, in their tests, as 2 CPU processes. Four things in
-the current stack assume a GPU; the fixes below correct each of them when no GPU is visible, and do nothing when
-one is. The tests' harness applies them, never the package users import: tests/hooks/sitecustomize.py, in every
-process the tests start (the notebook's kernel, the launcher's fork server, every rank, torchrun's workers),
-registers `apply_without_gpus` to run as soon as a module it patches is imported (tests/hooks/after_import.py).
+A user without a GPU gets none of this: the TRL and DeepSpeed notebooks stop before loading anything with one line
+saying they need a GPU (`nbhelpers.hf.check_trl_loss_runs_here`, tests/test_cpu_path_without_hooks.py runs them
+without these fixes). The tests still train those notebooks' code on 2 CPU processes, under the four fixes below,
+so that resuming, merging, sealing and tracking are tested on every commit; each is applied through
+tests/hooks/sitecustomize.py in every process the tests start, only when no GPU is visible. What would remove each:
 
-1. accelerate (under the Trainer) treats processes started like torchrun as one distributed job only
-   on GPU-like devices; on CPUs, unless `use_cpu=True` is passed, each process silently trains alone,
-   and with DeepSpeed the Trainer and DeepSpeed then disagree on the world size. Here CPU processes
-   form a gloo job whatever the arguments, as GPUs form an NCCL one: any process with the torchrun
-   environment (LOCAL_RANK), one alone included, as accelerate decides for GPUs (FSDP then runs with
-   one rank, as on one GPU, instead of the Trainer refusing it; accelerate also wraps a lone CPU
-   process's model in DistributedDataParallel, which it does not for one GPU: harmless, as it has no
-   other rank to all-reduce with). Each rank's device is plain `cpu`: accelerate would name it
-   `cpu:RANK`, which torch.load cannot map tensors to, so resuming from a checkpoint failed.
+1. accelerate (under the Trainer) treats processes started like torchrun as one distributed job only on GPU-like
+   devices; on CPUs, unless `use_cpu=True` is passed, each process silently trains alone, and with `use_cpu=True`
+   each rank's device is `cpu:RANK`, which torch.load cannot map a checkpoint to (a resume fails). Here CPU processes
+   with the torchrun environment form one gloo job on plain `cpu`. Removed by accelerate treating LOCAL_RANK on CPUs
+   as it does on GPUs, with the device `cpu` (no upstream issue found; accelerate 1.15).
 2. TRL 1.15 computes the SFT loss (and its logged entropy and accuracy) with a Triton kernel
-   (`trl.kernels.ChunkedLogProbFunction`); Triton needs a GPU ("0 active drivers"). Replaced by the
-   same computation in plain PyTorch (`TorchChunkedLogProbFunction`; like the kernel, its backward re-gathers a ZeRO-3 LM head).
-3. accelerate turns an FSDP plugin into FSDP only for GPU-like devices; for CPU processes it silently
-   trains with DDP instead. Here it keeps FSDP, so `fully_shard` (which works on CPU with gloo) really
-   shards the model and a test can check the sharding.
-4. DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce (C++, 30-60 s, and a build lock
-   left by a killed build makes every later run wait for ever). Without it DeepSpeed uses
-   torch.distributed (gloo) for its collectives, which is all a 2-process test needs.
+   (`trl.kernels.ChunkedLogProbFunction`), and Triton needs a GPU ("0 active drivers"; its interpreter,
+   TRITON_INTERPRET=1, is right but takes seconds per 512 tokens). Replaced by the same computation in plain PyTorch
+   (`TorchChunkedLogProbFunction`; like the kernel, its backward re-gathers a ZeRO-3 LM head). Removed by a PyTorch
+   path in TRL for tensors on the CPU (no upstream issue found; TRL 1.15).
+3. accelerate turns an FSDP plugin into FSDP only for GPU-like devices; for CPU processes it silently trains with
+   DDP instead. Here it keeps FSDP, so `fully_shard` (which works on CPU with gloo) really shards the model and a
+   test can check the sharding. Removed by accelerate allowing FSDP2 on CPU processes (no upstream issue found).
+4. DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce (C++, 30-60 s, and a build lock left by a
+   killed build makes every later run wait for ever). Without it DeepSpeed uses torch.distributed (gloo) for its
+   collectives, which is all a 2-process test needs. Removed by a DeepSpeed setting to skip the shm op on CPU (none
+   in DeepSpeed 0.19).
 """
 from __future__ import annotations
 
