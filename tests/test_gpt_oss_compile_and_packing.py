@@ -37,11 +37,16 @@ def test_compiled_decoder_layers_train_to_the_eager_losses():
     batches = [batch] * 6  # learnable: the adapters memorise it
     eager = train_losses(lora_model(), batches)
     compiled_model = lora_model()
-    for layer in compiled_model.get_base_model().model.layers:  # the notebook's lines
-        layer.forward = torch.compile(layer.forward)
+    # The notebook's lines, with the backend that stops before code generation: what is checked here is dynamo's graph
+    # of the layer and AOTAutograd's backward through LoRA and non-reentrant checkpointing (where compile and
+    # checkpointing can disagree: the 120B's CheckpointError). Inductor's own kernels run on the GPU, where the
+    # notebook's compiled and eager losses agree within bf16 noise (benchmarks/README.md); on this 2-core machine
+    # compiling them in C++ took 30 to 75 s of CI.
+    for layer in compiled_model.get_base_model().model.layers:
+        layer.forward = torch.compile(layer.forward, backend="aot_eager")
     compiled = train_losses(compiled_model, batches)
     assert eager[-1] < eager[0] - 0.05, f"the eager run did not learn: {eager}"
-    # fp32 on the CPU: the compiled kernels reorder sums, nothing more
+    # fp32 on the CPU: the traced graph may reorder sums, nothing more
     assert compiled == pytest.approx(eager, rel=1e-4), f"compiled {compiled} vs eager {eager}"
 
 
