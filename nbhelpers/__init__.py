@@ -3,7 +3,7 @@
 Importing it changes no other library: it only defines what is below.
 """
 from nbhelpers.commands import run_command
-from nbhelpers.launcher import DistributedError, distributed
+from nbhelpers.launcher import DistributedError, DistributedTimeoutError, LocalExecutionTimeoutError, distributed
 from nbhelpers.params import read_parameters
 from nbhelpers.ray_launcher import ray_launch
 from nbhelpers.runtime import backend, device, get_rank, get_world_size
@@ -11,6 +11,8 @@ from nbhelpers.runtime import backend, device, get_rank, get_world_size
 __all__ = [
     "distributed",
     "DistributedError",
+    "DistributedTimeoutError",
+    "LocalExecutionTimeoutError",
     "ray_launch",
     "read_parameters",
     "run_command",

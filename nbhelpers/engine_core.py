@@ -45,6 +45,38 @@ class DistributedError(RuntimeError):
         self.attempts = list(attempts)
 
 
+class DistributedTimeoutError(DistributedError, TimeoutError):
+    """The launch ran past its wall-clock `timeout` (databricks.air's `timeout`); every rank was stopped. Not restarted
+    by `max_restarts`: the limit is the whole call's. `timeout` is the limit in seconds."""
+
+    def __init__(self, message, *, timeout: float, **kwargs):
+        super().__init__(message, **kwargs)
+        self.timeout = timeout
+
+
+LocalExecutionTimeoutError = DistributedTimeoutError  # databricks.air's name for it
+
+
+def timeout_error(name: str, world_size: int, timeout: float, tails: dict) -> DistributedTimeoutError:
+    """The error of a launch stopped at its wall-clock limit: the limit, how to change it, each rank's last lines."""
+    text = "".join(f"--- rank {r} ---\n{tails[r]}" for r in sorted(tails))
+    return DistributedTimeoutError(
+        f"{name}() ran past its timeout of {format_seconds(timeout)} (wall clock); all {world_size} ranks were stopped, "
+        f"with every process they started. To allow longer, pass a larger timeout in seconds to @distributed(timeout=...) "
+        f"(or {name}.with_overrides(timeout=...)); timeout=None runs without a limit. The ranks' last output:\n{text}",
+        timeout=timeout)
+
+
+def format_seconds(seconds: float) -> str:
+    """10800 -> "10800 s (3 h)"; 90 -> "90 s"."""
+    shown = f"{seconds:g} s"
+    if seconds >= 3600:
+        return f"{shown} ({seconds / 3600:g} h)"
+    if seconds >= 120:
+        return f"{shown} ({seconds / 60:g} min)"
+    return shown
+
+
 def check_count(gpus, name: str = "gpus") -> int:
     """`gpus` as an int: any integer type counts (numpy's, as a notebook computes it); a bool, a float, a string
     or a count below 1 is refused, naming the setting `name`."""
@@ -126,6 +158,21 @@ def gpu_type_name(gpu_type) -> str:
     ("GPU_8xH100", "GPU_1xA10") as the product-name word(s) to look for: "h100", "a10"."""
     text = str(getattr(gpu_type, "value", gpu_type))
     return re.sub(r"^gpu_\d+x", "", text.strip().lower())
+
+
+ACCELERATOR_TYPES = ("GPU_1xA10", "GPU_1xH100", "GPU_8xH100", "GPU_8xB300")  # databricks.air 0.1.1's
+
+
+def accelerator_shape(accelerator_type) -> tuple[int, str]:
+    """databricks.air's accelerator_type as its node shape: "GPU_8xH100" -> (8, "H100"), GPUs per node and their kind.
+    A value not of the form GPU_<count>x<GPU> is refused, naming the documented ones."""
+    text = str(getattr(accelerator_type, "value", accelerator_type))
+    match = re.fullmatch(r"GPU_([1-9][0-9]*)x([A-Za-z0-9]+)", text.strip(), flags=re.IGNORECASE)
+    if match is None:
+        raise ValueError(f"accelerator_type={accelerator_type!r} is not a node shape GPU_<count>x<GPU>: Databricks "
+                         f"names {', '.join(ACCELERATOR_TYPES)}. (serverless_gpu's spelling of the GPU alone, "
+                         "gpu_type='H100', is gpu_type.)")
+    return int(match.group(1)), match.group(2)
 
 
 def gpu_type_matches(gpu_type, name: str) -> bool:
@@ -230,14 +277,18 @@ class PrefixedPrinter:
 
 class Printers:
     """One PrefixedPrinter per (rank, stream) of a launch, made on first use; `tails[rank]` keeps a rank's last
-    40 lines (shown in errors even where output="rank0" hides them)."""
+    40 lines (shown in errors even where output="rank0" hides them). With keep_logs, `logs[rank]` keeps what the rank
+    wrote (stdout and stderr as they arrived, all ranks whatever `output` shows; bounded: RankLog)."""
 
-    def __init__(self, output: str, label: str | None):
+    def __init__(self, output: str, label: str | None, keep_logs: bool = False):
         self.output, self.label = output, label
         self.printers = {}
         self.tails = collections.defaultdict(lambda: collections.deque(maxlen=40))
+        self.logs = collections.defaultdict(RankLog) if keep_logs else None
 
     def feed(self, rank: int, stream: str, data: bytes) -> None:
+        if self.logs is not None:
+            self.logs[rank].feed(data)
         key = (rank, stream)
         if key not in self.printers:
             show = self.output == "all" or rank == 0
@@ -251,6 +302,50 @@ class Printers:
 
     def tail(self, rank: int) -> str:
         return "".join(self.tails[rank]) or "(no output)\n"
+
+
+class RankLog:
+    """One rank's output as a log: its first HEAD_BYTES and its last TAIL_BYTES, with a line saying how much was left
+    out between them (a long run's log stays a few MB, as the cell's stream keeps only what it shows)."""
+
+    HEAD_BYTES = 256 * 1024
+    TAIL_BYTES = 768 * 1024
+
+    def __init__(self):
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.left_out = 0
+
+    def feed(self, data: bytes) -> None:
+        room = self.HEAD_BYTES - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        self.tail += data
+        if len(self.tail) > self.TAIL_BYTES:
+            cut = len(self.tail) - self.TAIL_BYTES
+            del self.tail[:cut]
+            self.left_out += cut
+
+    def text(self) -> str:
+        gap = f"\n[... {self.left_out} bytes of this rank's output left out ...]\n".encode() if self.left_out else b""
+        return bytes(self.head + gap + self.tail).decode(errors="replace")
+
+
+def save_rank_logs(mlflow_run_id: str, logs: dict, world_size: int, restart: int = 0) -> None:
+    """Each rank's log into the MLflow run as the artifact logs/rank_N.txt (a restart's under logs/restart_K/), as
+    databricks.air saves them; a rank that said nothing gets an empty file. A failure to save is said in one line: the
+    launch's own result or error stands."""
+    folder = "logs" if restart == 0 else f"logs/restart_{restart}"
+    try:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient()
+        for rank in range(world_size):
+            log = logs.get(rank)
+            client.log_text(mlflow_run_id, log.text() if log is not None else "", f"{folder}/rank_{rank}.txt")
+    except Exception as exc:
+        print(f"nbhelpers: the ranks' logs not saved to MLflow run {mlflow_run_id}: {exc}", file=sys.stderr)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -9,10 +9,12 @@
     results = train.distributed(lr=1e-3)    # one result per rank, in rank order
     run = train.distributed_async(lr=1e-4)  # in the background: run.result(), run.cancel()
     train(lr=1e-3)                          # a plain call runs here, as rank 0 of 1 (debugging)
+    train.with_overrides(timeout=600).distributed(lr=1e-3)   # the same with settings changed; train.func: undecorated
 
 Code written for Databricks runs with only the import changed: serverless_gpu's signature
 (`@distributed(gpus=8, gpu_type="H100", remote=False)`) and the AI Runtime SDK's (`databricks.air`:
-`@distributed(num_accelerators=8, accelerator_type="GPU_8xH100")`), and `@ray_launch` (nbhelpers.ray_launch).
+`@distributed(num_accelerators=8, accelerator_type="GPU_8xH100", timeout=10800)`, `.with_overrides(...)`, `.func`),
+and `@ray_launch` (nbhelpers.ray_launch).
 
 This module is the decorator only: it checks the arguments, restarts a failed launch (`max_restarts`) and
 hands each launch to an engine, nbhelpers.local_engine (this host's GPUs, the default) or
@@ -26,12 +28,18 @@ import itertools
 import os
 import sys
 import threading
+import time
+import warnings
 from concurrent.futures import CancelledError, Future
 
-from nbhelpers.engine_core import DistributedError, RankResults, check_count
+from nbhelpers.engine_core import (DistributedError, DistributedTimeoutError, LocalExecutionTimeoutError, RankResults,
+                                   accelerator_shape, check_count)
 from nbhelpers.payload import pickle_call
 
-__all__ = ["distributed", "DistributedError", "DistributedFunction", "DistributedRun"]
+__all__ = ["distributed", "DistributedError", "DistributedTimeoutError", "LocalExecutionTimeoutError",
+           "DistributedFunction", "DistributedRun"]
+
+DEFAULT_TIMEOUT_S = 10800  # databricks.air's: 3 hours
 
 _OUTPUT_MODES = ("all", "rank0")
 _ENGINES = ("local", "ray")
@@ -39,10 +47,14 @@ _POOL_VARIABLES = ("DATABRICKS_USE_RESERVED_GPU_POOL", "DATABRICKS_REMOTE_GPU_PO
 _run_numbers = itertools.count(1)
 
 
-def distributed(fn=None, *, gpus: int | None = None, gpu_type=None, remote: bool = False,
-                num_accelerators: int | None = None, accelerator_type: str | None = None, output: str = "all",
+def distributed(fn=None, accelerator_type: str | None = None, remote: bool = False,
+                timeout: float | None = DEFAULT_TIMEOUT_S, *, gpus: int | None = None, gpu_type=None,
+                num_accelerators: int | None = None, output: str = "all",
                 stall_timeout: float | None = None, max_restarts: int = 0, engine: str | None = None):
     """Decorate a function so that `fn.distributed(...)` runs it once per GPU (or CPU process).
+
+    Used bare (`@distributed`), with keywords, or positionally as databricks.air's
+    `distributed(num_accelerators, accelerator_type, remote, timeout)`: a whole number first is num_accelerators.
 
     Precondition: the function sets up its own process group (`init_process_group`, or a framework
     that does: HF Trainer, Lightning, DeepSpeed); this launcher only starts the processes and sets the
@@ -51,9 +63,18 @@ def distributed(fn=None, *, gpus: int | None = None, gpu_type=None, remote: bool
     gpus (databricks.air: num_accelerators): how many processes. Default: every visible GPU; with no GPU,
         2 CPU processes (gloo). More than the visible GPUs (without GPUs: more than 2 per CPU core), or fewer
         than 1, is refused before anything starts. Launches on one host get disjoint GPUs (nbhelpers.gpu_lease).
-    gpu_type (databricks.air: accelerator_type): the GPUs the code expects ("H100", "A10", "GPU_8xH100"),
-        checked against the visible GPUs (an error naming both when they differ); ignored, with one line
-        saying so, where there is no GPU. The count in "GPU_8xH100" is Databricks provisioning: unused here.
+    gpu_type: the GPUs the code expects ("H100", "A10"), checked against the visible GPUs (an error naming
+        both when they differ); ignored, with one line saying so, where there is no GPU.
+    accelerator_type (databricks.air): the node shape the code expects, "GPU_1xA10", "GPU_1xH100", "GPU_8xH100",
+        "GPU_8xB300" (any GPU_<count>x<GPU>), checked against this node as databricks.air checks a local run: the
+        visible GPUs must be of its kind, no more than its count, and not a single GPU for a multi-GPU shape (a
+        mismatch is refused naming both); ranks: every visible GPU unless num_accelerators says fewer. Without
+        GPUs ignored, with one line. gpus/gpu_type are not deprecated here (databricks.air warns on them): they
+        are serverless_gpu's spelling, which the cookbook keeps.
+    timeout (databricks.air's): wall-clock seconds the whole call may run (restarts included), default 10800
+        (3 hours); past it every rank's process tree is stopped and a DistributedTimeoutError (a TimeoutError)
+        says the limit and how to change it. None: no limit. Local runs only: with remote=True (the Ray engine)
+        a timeout other than the default is said, with a warning, to be ignored.
     remote: True runs on the Ray cluster this process is attached to (`ray.init(...)` done, or
         RAY_ADDRESS set), as engine="ray"; without one, an error at once says what to do.
     output: "all" streams every rank's output into the cell; "rank0" only rank 0's (the others'
@@ -70,7 +91,16 @@ def distributed(fn=None, *, gpus: int | None = None, gpu_type=None, remote: bool
         process is attached to; `gpus` then counts the ranks of all nodes together (default: every GPU
         of the cluster). See nbhelpers.ray_engine.
     """
+    if fn is not None and not callable(fn):  # databricks.air's positional num_accelerators: @distributed(8, ...)
+        if num_accelerators is not None:
+            raise TypeError(f"distributed() got num_accelerators twice: {fn!r} (first, positional) and {num_accelerators!r}")
+        fn, num_accelerators = None, fn
+    settings = dict(gpus=gpus, gpu_type=gpu_type, remote=remote, num_accelerators=num_accelerators,
+                    accelerator_type=accelerator_type, timeout=timeout, output=output, stall_timeout=stall_timeout,
+                    max_restarts=max_restarts, engine=engine)
     gpus = _one_of("gpus", gpus, "num_accelerators", num_accelerators)
+    if accelerator_type is not None:
+        accelerator_shape(accelerator_type)  # a value that is no node shape is refused here, engine or not
     gpu_type = _one_of("gpu_type", gpu_type, "accelerator_type", accelerator_type)
     if output not in _OUTPUT_MODES:
         raise ValueError(f"output must be one of {_OUTPUT_MODES}, got {output!r}")
@@ -78,7 +108,12 @@ def distributed(fn=None, *, gpus: int | None = None, gpu_type=None, remote: bool
         raise ValueError(f"stall_timeout must be a positive number of seconds or None, got {stall_timeout!r}")
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ValueError(f"max_restarts must be a whole number >= 0, got {max_restarts!r}")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
+        raise ValueError(f"timeout must be a positive number of seconds or None (no limit), got {timeout!r}")
     engine = _engine(engine, remote)
+    if engine == "ray" and timeout is not None and timeout != DEFAULT_TIMEOUT_S:
+        warnings.warn(f"timeout={timeout!r} applies to local runs only (remote=False): the ranks on the Ray cluster "
+                      "run without it (stall_timeout still applies there).", UserWarning, stacklevel=2)
     _say_what_pools_mean_here()
     if gpus is not None:
         # A bad count fails at decoration, long before a launch (the cluster's GPUs are counted at launch).
@@ -90,7 +125,10 @@ def distributed(fn=None, *, gpus: int | None = None, gpu_type=None, remote: bool
     if engine == "local":
         from nbhelpers import local_engine
 
-        local_engine.check_gpu_type(gpu_type)
+        if accelerator_type is not None:
+            local_engine.check_node_shape(accelerator_type)
+        else:
+            local_engine.check_gpu_type(gpu_type)
 
     def decorate(f):
         if engine == "local":
@@ -98,9 +136,15 @@ def distributed(fn=None, *, gpus: int | None = None, gpu_type=None, remote: bool
 
             local_engine.warm_up()
         return DistributedFunction(f, gpus=gpus, gpu_type=gpu_type, output=output, stall_timeout=stall_timeout,
-                                   engine=engine, max_restarts=max_restarts)
+                                   engine=engine, max_restarts=max_restarts, timeout=timeout, settings=settings)
 
     return decorate(fn) if fn is not None else decorate
+
+
+_UNSET = object()  # with_overrides: an argument not given
+_NONE_KEEPS = ("num_accelerators", "accelerator_type", "remote", "gpus", "gpu_type")  # as databricks.air's with_overrides
+_SYNONYMS = {"gpus": "num_accelerators", "num_accelerators": "gpus", "gpu_type": "accelerator_type",
+             "accelerator_type": "gpu_type"}
 
 
 def _one_of(name, value, synonym, synonym_value):
@@ -145,9 +189,13 @@ def _check_ray_reachable() -> None:
 class DistributedFunction:
     """A function with a `.distributed(...)` launcher; calling it plainly runs it in this process."""
 
-    def __init__(self, fn, *, gpus, output, stall_timeout, engine="local", gpu_type=None, max_restarts=0):
+    def __init__(self, fn, *, gpus, output, stall_timeout, engine="local", gpu_type=None, max_restarts=0,
+                 timeout=None, settings=None):
         functools.update_wrapper(self, fn)
         self.fn = fn
+        self.func = fn  # databricks.air's name for the undecorated function
+        self.settings = settings or {}  # the decorator's arguments as given (for with_overrides)
+        self.timeout = timeout
         self.gpus = gpus
         self.gpu_type = gpu_type
         self.output = output
@@ -161,11 +209,34 @@ class DistributedFunction:
         with local_engine.single_process_environment():
             return self.fn(*args, **kwargs)
 
+    def with_overrides(self, num_accelerators=_UNSET, accelerator_type=_UNSET, remote=_UNSET, timeout=_UNSET,
+                       **others) -> DistributedFunction:
+        """A new decorated function: this one's decorator arguments with the given ones changed, checked as the
+        decorator checks them; this one is unchanged. databricks.air's: num_accelerators, accelerator_type, remote
+        (None leaves each as it was, as there), timeout (None: no limit); also gpus, gpu_type and any other
+        argument of @distributed. Changing one spelling of a setting (num_accelerators) drops the other (gpus).
+
+            fast = train.with_overrides(num_accelerators=1, timeout=600)
+        """
+        changes = {k: v for k, v in dict(num_accelerators=num_accelerators, accelerator_type=accelerator_type,
+                                         remote=remote, timeout=timeout, **others).items()
+                   if v is not _UNSET and not (v is None and k in _NONE_KEEPS)}
+        unknown = sorted(set(changes) - set(self.settings))
+        if unknown:
+            raise TypeError(f"with_overrides() got unknown argument(s) {', '.join(unknown)}: it takes "
+                            f"{', '.join(self.settings)}")
+        settings = dict(self.settings)
+        for name, value in changes.items():
+            if name in _SYNONYMS and _SYNONYMS[name] not in changes:
+                settings[_SYNONYMS[name]] = None  # the other spelling's old value would contradict the new one
+            settings[name] = value
+        return distributed(self.fn, **settings)
+
     def distributed(self, *args, **kwargs) -> RankResults:
         """Run on every rank; return the ranks' results in rank order (tensors on the CPU), with the
         launch's `system_metrics` (peak memory and mean utilisation per rank)."""
         return self._launch(pickle_call(self.fn, args, kwargs), label=None, cancel=None,
-                            mlflow_run_id=_active_mlflow_run_id())
+                            mlflow_run_id=_active_mlflow_run_id(), deadline=self._deadline())
 
     def distributed_async(self, *args, **kwargs) -> DistributedRun:
         """Start the launch in the background and return at once: a Future-like DistributedRun
@@ -174,12 +245,13 @@ class DistributedFunction:
         run = DistributedRun(f"{self.__name__}#{next(_run_numbers)}")
         payload = pickle_call(self.fn, args, kwargs)  # here: what cannot be pickled is said at once
         mlflow_run_id = _active_mlflow_run_id()  # MLflow's active run belongs to this thread
+        deadline = self._deadline()  # the clock runs from the call
 
         def launch():
             run._future.set_running_or_notify_cancel()
             try:
                 run._future.set_result(self._launch(payload, label=run.name, cancel=run._cancel,
-                                                    mlflow_run_id=mlflow_run_id))
+                                                    mlflow_run_id=mlflow_run_id, deadline=deadline))
             except BaseException as exc:
                 run._future.set_exception(exc)
 
@@ -187,13 +259,18 @@ class DistributedFunction:
         run._thread.start()
         return run
 
-    def _launch(self, payload, *, label, cancel, mlflow_run_id) -> RankResults:
-        """One attempt, and up to max_restarts more after a failure (not after a cancel or an interrupt)."""
+    def _deadline(self) -> float | None:
+        return None if self.timeout is None or self.engine != "local" else time.monotonic() + self.timeout
+
+    def _launch(self, payload, *, label, cancel, mlflow_run_id, deadline=None) -> RankResults:
+        """One attempt, and up to max_restarts more after a failure (not after a cancel, an interrupt or the timeout)."""
         failures = []
         for restart in range(self.max_restarts + 1):
             try:
                 return self._attempt(payload, label=label, cancel=cancel, mlflow_run_id=mlflow_run_id,
-                                     restart=restart)
+                                     restart=restart, deadline=deadline)
+            except DistributedTimeoutError:
+                raise
             except DistributedError as exc:
                 failures.append(exc)
                 if restart == self.max_restarts:
@@ -209,7 +286,7 @@ class DistributedFunction:
                                exitcode=failures[-1].exitcode, signal_name=failures[-1].signal_name,
                                remote_traceback=failures[-1].remote_traceback, attempts=failures) from failures[-1]
 
-    def _attempt(self, payload, *, label, cancel, mlflow_run_id, restart) -> RankResults:
+    def _attempt(self, payload, *, label, cancel, mlflow_run_id, restart, deadline=None) -> RankResults:
         options = dict(gpus=self.gpus, output=self.output, stall_timeout=self.stall_timeout, label=label, cancel=cancel,
                        mlflow_run_id=mlflow_run_id, restart=restart, max_restarts=self.max_restarts)
         if self.engine == "ray":
@@ -218,7 +295,7 @@ class DistributedFunction:
             return ray_engine.run(self.__name__, payload, gpu_type=self.gpu_type, **options)
         from nbhelpers import local_engine  # (gpu_type was checked at decoration)
 
-        return local_engine.run(self.__name__, payload, **options)
+        return local_engine.run(self.__name__, payload, timeout=self.timeout, deadline=deadline, **options)
 
 
 def _first_line(error: BaseException) -> str:

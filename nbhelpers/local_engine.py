@@ -9,7 +9,10 @@ stdout and stderr, which this process prints into the running cell, prefixed `[r
 failure every rank is stopped (SIGTERM, then SIGKILL, whole process groups; a second interrupt does not
 cut that short) and one `DistributedError` names the rank whose failure came first and carries its
 traceback. `stall_timeout` watches each rank on its own (nbhelpers.engine_core.ProgressWatch): its output, and
-snapshots of its Python stack sent through a pipe every quarter of the timeout. A launch writes no file.
+snapshots of its Python stack sent through a pipe every quarter of the timeout. `timeout` is the launch's
+wall-clock limit (databricks.air's): past it, every rank's process tree is stopped and a DistributedTimeoutError
+says the limit and how to change it. A launch writes no file of its own; when an MLflow run is active, each rank's
+output goes to it as the artifact logs/rank_N.txt (engine_core.save_rank_logs).
 Ranks die with this process if it dies, and when a launch ends whatever still refers to it.
 With GPUs, a launch first leases its GPUs host-wide (nbhelpers.gpu_lease), so launches running at once
 (`distributed_async`) get disjoint GPUs; while it runs, nbhelpers.system_metrics samples its ranks.
@@ -31,8 +34,9 @@ import threading
 import time
 
 from nbhelpers.engine_core import (DEFAULT_CPU_PROCESSES, DistributedError, Printers, ProgressWatch, RankResults,
-                                   cancelled, check_count, failure_error, free_port, gpu_type_matches, launch_processes,
-                                   main_thread_stack, stall_error, stop_processes, torchrun_environment)
+                                   accelerator_shape, cancelled, check_count, failure_error, free_port, gpu_type_matches,
+                                   launch_processes, main_thread_stack, save_rank_logs, stall_error, stop_processes,
+                                   timeout_error, torchrun_environment)
 from nbhelpers.gpu_lease import GpuLease, LeaseCancelled
 from nbhelpers.payload import read_outcome
 from nbhelpers.system_metrics import RankSampler
@@ -46,14 +50,16 @@ STACK_WAIT_S = 3.0  # after a stall: for every rank's fresh stacks (one that doe
 
 def run(name: str, payload: bytes, *, gpus: int | None, output: str, stall_timeout: float | None,
         label: str | None = None, cancel=None, mlflow_run_id: str | None = None, restart: int = 0,
-        max_restarts: int = 0) -> RankResults:
+        max_restarts: int = 0, timeout: float | None = None, deadline: float | None = None) -> RankResults:
     """Run pickle_call's call once per rank on this host; the ranks' results in rank order.
 
     With GPUs the launch first leases its GPUs host-wide (nbhelpers.gpu_lease: waiting while other
     launches hold them) and its ranks see only those. label: the run's name, before each output line.
     cancel: a threading.Event that stops the ranks (concurrent.futures.CancelledError). mlflow_run_id:
-    where the ranks' system metrics go. restart, max_restarts: which attempt this is, of how many more allowed
-    (the ranks see them as torchrun's TORCHELASTIC_RESTART_COUNT and TORCHELASTIC_MAX_RESTARTS).
+    where the ranks' system metrics and logs go. restart, max_restarts: which attempt this is, of how many more allowed
+    (the ranks see them as torchrun's TORCHELASTIC_RESTART_COUNT and TORCHELASTIC_MAX_RESTARTS). timeout, deadline:
+    the call's wall-clock limit in seconds and the time.monotonic() at which it passes (None: no limit); past it
+    every rank is stopped (engine_core.DistributedTimeoutError).
     """
     ranks = world_size(gpus)
     visible = _visible_gpus()
@@ -61,28 +67,42 @@ def run(name: str, payload: bytes, *, gpus: int | None, output: str, stall_timeo
     try:
         with lease as leased:
             return _LocalLaunch(name, payload, ranks, output, stall_timeout, leased, label, cancel, mlflow_run_id,
-                                (restart, max_restarts)).run()
+                                (restart, max_restarts), (timeout, deadline)).run()
     except LeaseCancelled as exc:
         raise CancelledError(str(exc)) from None
 
 
-def check_gpu_type(gpu_type: str | None) -> None:
+def check_gpu_type(gpu_type: str | None, setting: str = "gpu_type") -> list[str]:
     """gpu_type (serverless_gpu's "H100", "A10", ...) against the visible GPUs: an error naming both when
-    they differ; without GPUs one line saying it is ignored."""
+    they differ; without GPUs one line saying it is ignored. The visible GPUs' names ([] where none is)."""
     if gpu_type is None:
-        return
+        return []
     visible = _visible_gpus()
     if not visible:
-        print(f"@distributed: gpu_type={gpu_type!r} ignored: no GPU is visible here, so the ranks run as CPU "
+        print(f"@distributed: {setting}={gpu_type!r} ignored: no GPU is visible here, so the ranks run as CPU "
               "processes (gloo).", file=sys.stderr)
-        return
+        return []
     names = _gpu_names(visible)
     if not all(gpu_type_matches(gpu_type, n) for n in names):
         here = ", ".join(f"{n} ({names.count(n)}x)" for n in dict.fromkeys(names))
         raise ValueError(
-            f"gpu_type={gpu_type!r} but the GPUs visible here are {here}. Ask for the GPUs this machine has "
-            f"(e.g. gpu_type={names[0].split()[-1]!r}), or leave gpu_type out to take whatever is visible."
+            f"{setting}={gpu_type!r} but the GPUs visible here are {here}. Ask for the GPUs this machine has "
+            f"(e.g. gpu_type={names[0].split()[-1]!r}), or leave {setting} out to take whatever is visible."
         )
+    return names
+
+
+def check_node_shape(accelerator_type) -> None:
+    """databricks.air's accelerator_type ("GPU_8xH100": a node of 8 H100s) against this node, as databricks.air
+    checks a local run: the visible GPUs are of its kind, no more than its count, and not one alone for a shape of
+    several (GPU_1xH100 does not describe a node of 8; GPU_8xH100 not a single GPU). Without GPUs: ignored."""
+    per_node, kind = accelerator_shape(accelerator_type)
+    names = check_gpu_type(accelerator_type, "accelerator_type")
+    if names and (len(names) > per_node or (per_node > 1 and len(names) == 1)):
+        raise ValueError(
+            f"accelerator_type={accelerator_type!r} is a node of {per_node} {kind} GPU(s), but {len(names)} are visible "
+            f"here: leave accelerator_type out in a local run (every visible GPU is used; num_accelerators=N takes "
+            f"fewer), or name this node's shape.")
 
 
 def warm_up() -> None:
@@ -277,7 +297,7 @@ class _RankProcess:
 
 class _LocalLaunch:
     def __init__(self, name, payload, world_size, output, stall_timeout, gpus, label, cancel, mlflow_run_id,
-                 attempt=(0, 0)):
+                 attempt=(0, 0), limit=(None, None)):
         self.name = name
         self.payload = payload
         self.world_size = world_size
@@ -285,9 +305,10 @@ class _LocalLaunch:
         self.gpus = gpus  # the leased GPUs, one per rank; [] without GPUs
         self.label, self.cancel, self.mlflow_run_id = label, cancel, mlflow_run_id
         self.restart, self.max_restarts = attempt
+        self.timeout, self.deadline = limit  # the call's wall-clock limit (s), and when it passes (time.monotonic())
         self.ranks: list[_RankProcess] = []
         self.selector = selectors.DefaultSelector()
-        self.printers = Printers(output, label)
+        self.printers = Printers(output, label, keep_logs=mlflow_run_id is not None)
         self.watch = None  # a ProgressWatch, with a stall timeout
         self.run_id = None  # set once the port is picked: the stop must work from any point of the start
 
@@ -310,6 +331,11 @@ class _LocalLaunch:
             self._drain(deadline=time.monotonic() + 1.0)
             self._close_pipes()
             self.selector.close()
+            if self.mlflow_run_id is not None and self.ranks:
+                for r in self.ranks:  # a rank's traceback travels in its outcome: into its log, as torchrun's shows it
+                    if r.outcome is not None and not r.outcome.ok and r.outcome.traceback:
+                        self.printers.logs[r.rank].feed(r.outcome.traceback.encode(errors="replace"))
+                save_rank_logs(self.mlflow_run_id, self.printers.logs, self.world_size, self.restart)
         if failure is not None:
             raise failure
         return RankResults([r.outcome.value for r in self.ranks], system_metrics)
@@ -374,6 +400,8 @@ class _LocalLaunch:
                 return self._blame()
             if self.cancel is not None and self.cancel.is_set():
                 return cancelled(self.label or self.name)
+            if settle_by is None and self.deadline is not None and time.monotonic() >= self.deadline:
+                return self._timed_out()
             if self.watch is not None and settle_by is None:
                 now = time.monotonic()
                 if now >= next_snapshot:
@@ -382,7 +410,7 @@ class _LocalLaunch:
                 if self.watch.stalled(now):
                     return self._stalled()
             wake_at = [t for t in (settle_by, next_snapshot if self.watch else None,
-                                   self.watch.deadline() if self.watch else None) if t is not None]
+                                   self.watch.deadline() if self.watch else None, self.deadline) if t is not None]
             timeout = max(0.0, min(wake_at) - time.monotonic()) if wake_at else None
             if timeout == float("inf"):
                 timeout = None
@@ -499,6 +527,13 @@ class _LocalLaunch:
         if code is not None and code < 0:
             return f"killed by signal {signal.Signals(-code).name}"
         return f"exited with code {code} without returning"
+
+    def _timed_out(self) -> DistributedError:
+        """The launch's wall-clock limit has passed: what the ranks said last (the stop follows in run())."""
+        self._drain(deadline=time.monotonic() + 0.3)
+        self.printers.finish()
+        tails = {r.rank: "".join(list(self.printers.tails[r.rank])[-5:]) or "(no output)\n" for r in self.ranks}
+        return timeout_error(self.name, self.world_size, self.timeout, tails)
 
     def _stalled(self) -> DistributedError:
         """Every rank's stacks, fresh (the last snapshot where a rank does not answer), into the stall's report."""

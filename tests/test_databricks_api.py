@@ -7,8 +7,11 @@ The README's table in "On Databricks" lists every documented name and what it do
 checks that each of them is run here.
 """
 import re
+import time
+import warnings
 from pathlib import Path
 
+import psutil
 import pytest
 from launcher_checks import simulate_gpus
 
@@ -80,8 +83,204 @@ def test_the_sdks_example_with_accelerator_type_runs_on_the_h100s_it_names(monke
 
 def test_an_accelerator_type_other_than_the_visible_gpus_is_refused_naming_both(monkeypatch, tmp_path):
     simulate_gpus(monkeypatch, tmp_path, 8, "NVIDIA H200")
-    with pytest.raises(ValueError, match=r"gpu_type='GPU_1xA10' but the GPUs visible here are NVIDIA H200 \(8x\)"):
+    with pytest.raises(ValueError, match=r"accelerator_type='GPU_1xA10' but the GPUs visible here are NVIDIA H200 \(8x\)"):
         nbhelpers.distributed(num_accelerators=1, accelerator_type="GPU_1xA10")(print)
+
+
+def test_an_accelerator_type_whose_node_shape_differs_from_the_visible_gpus_is_refused(monkeypatch, tmp_path):
+    simulate_gpus(monkeypatch, tmp_path, 8, "NVIDIA H100 80GB HBM3")
+    with pytest.raises(ValueError, match=r"accelerator_type='GPU_1xH100' is a node of 1 H100 GPU\(s\), but 8 are visible"):
+        nbhelpers.distributed(num_accelerators=1, accelerator_type="GPU_1xH100")(print)
+    simulate_gpus(monkeypatch, tmp_path, 1, "NVIDIA H100 80GB HBM3")
+    with pytest.raises(ValueError, match=r"'GPU_8xH100' is a node of 8 H100 GPU\(s\), but 1 are visible"):
+        nbhelpers.distributed(accelerator_type="GPU_8xH100")(print)
+    with pytest.raises(ValueError, match=r"accelerator_type='H100' is not a node shape .* GPU_1xA10, GPU_1xH100, "
+                                         r"GPU_8xH100, GPU_8xB300"):
+        nbhelpers.distributed(accelerator_type="H100")(print)
+    nbhelpers.distributed(accelerator_type="GPU_1xH100")(print)  # the shape of this node: accepted
+
+
+AIR_DOCSTRING_EXAMPLE = """
+from databricks.air import distributed
+
+@distributed(num_accelerators=8, accelerator_type="GPU_8xH100", timeout=3600)  # 60 minutes
+def train(lr, epochs):
+    # import statements and function code here
+    import os
+    return (int(os.environ["RANK"]), lr, epochs)
+
+# Run the function in parallel by calling `.distributed()`
+results = train.distributed(lr=0.01, epochs=10)
+"""
+
+
+def test_the_decorators_docstring_example_with_a_timeout_runs_on_the_node(monkeypatch, tmp_path):
+    simulate_gpus(monkeypatch, tmp_path, 8, "NVIDIA H100 80GB HBM3")
+    namespace = run_cell(AIR_DOCSTRING_EXAMPLE, {"from databricks.air import distributed": "from nbhelpers import distributed"})
+    assert namespace["results"] == [(rank, 0.01, 10) for rank in range(8)]
+    assert namespace["train"].timeout == 3600
+
+
+def test_the_decorator_takes_databricks_positional_arguments(monkeypatch, tmp_path):
+    simulate_gpus(monkeypatch, tmp_path, 8, "NVIDIA H100 80GB HBM3")
+    decorated = nbhelpers.distributed(2, "GPU_8xH100", False, 60)(print)
+    assert (decorated.gpus, decorated.gpu_type, decorated.timeout) == (2, "GPU_8xH100", 60)
+
+
+def _sleeps_with_a_child_in_its_own_session():
+    import subprocess
+    import time
+
+    child = subprocess.Popen(["sleep", "300"], start_new_session=True)  # outside the rank's process group
+    print(f"child {child.pid}", flush=True)
+    time.sleep(300)
+
+
+def test_the_timeout_stops_every_rank_and_what_they_started_and_names_the_limit(capsys):
+    timed = nbhelpers.distributed(timeout=1.5)(_sleeps_with_a_child_in_its_own_session)
+    started = time.monotonic()
+    with pytest.raises(nbhelpers.DistributedTimeoutError) as caught:
+        timed.distributed()
+    assert time.monotonic() - started < 30
+    message = str(caught.value)
+    assert "_sleeps_with_a_child_in_its_own_session() ran past its timeout of 1.5 s (wall clock); all 2 ranks were " \
+           "stopped" in message, message
+    assert "@distributed(timeout=...)" in message and "timeout=None runs without a limit" in message, message
+    assert isinstance(caught.value, TimeoutError) and caught.value.timeout == 1.5
+    children = [int(pid) for pid in re.findall(r"^\[rank \d\] child (\d+)$", capsys.readouterr().out, re.MULTILINE)]
+    assert len(children) == 2
+    deadline = time.monotonic() + 3  # the kernel reaps asynchronously
+    while (left := _left_running(children)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not left, f"left running: {left}"
+
+
+def _left_running(pids) -> list:
+    """Of `pids` and this process's descendants, those running, but the fork server and resource tracker (kept)."""
+    me = psutil.Process()
+    left = []
+    for p in [*me.children(recursive=True), *(psutil.Process(pid) for pid in pids if psutil.pid_exists(pid))]:
+        try:
+            kept = p.ppid() == me.pid and any(m in " ".join(p.cmdline()) for m in ("forkserver", "resource_tracker"))
+            if p.status() != psutil.STATUS_ZOMBIE and not kept:
+                left.append((p.pid, p.cmdline()))
+        except psutil.Error:
+            continue
+    return left
+
+
+def test_the_timeout_is_not_restarted_by_max_restarts():
+    timed = nbhelpers.distributed(timeout=1, max_restarts=2)(time.sleep)
+    started = time.monotonic()
+    with pytest.raises(nbhelpers.LocalExecutionTimeoutError, match=r"ran past its timeout of 1 s"):  # databricks.air's name
+        timed.distributed(60)
+    assert time.monotonic() - started < 15
+
+
+def test_a_timeout_that_is_no_positive_number_is_refused():
+    for bad in (0, -5, True, "600"):
+        with pytest.raises(ValueError, match=r"timeout must be a positive number of seconds or None"):
+            nbhelpers.distributed(timeout=bad)(print)
+    assert nbhelpers.distributed(print).timeout == 10800 and nbhelpers.distributed(timeout=None)(print).timeout is None
+
+
+def test_remote_with_a_timeout_other_than_the_default_warns_that_it_applies_to_local_runs_only(monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")  # "attached" (nothing is contacted before a launch)
+    with pytest.warns(UserWarning, match=r"timeout=600 applies to local runs only \(remote=False\)"):
+        nbhelpers.distributed(remote=True, timeout=600)(print)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        nbhelpers.distributed(remote=True)(print)  # the default: no warning
+
+
+def _rank_and_setting(setting):
+    import os
+
+    return int(os.environ["RANK"]), setting
+
+
+def test_with_overrides_returns_a_new_function_with_those_values_changed_and_the_others_kept(monkeypatch, tmp_path):
+    simulate_gpus(monkeypatch, tmp_path, 8, "NVIDIA H100 80GB HBM3")
+    train = nbhelpers.distributed(num_accelerators=4, accelerator_type="GPU_8xH100", timeout=3600,
+                                  output="rank0")(_rank_and_setting)
+    quick = train.with_overrides(num_accelerators=2, timeout=None)
+    assert (quick.gpus, quick.gpu_type, quick.timeout, quick.output) == (2, "GPU_8xH100", None, "rank0")
+    assert (train.gpus, train.timeout) == (4, 3600)  # the original is unchanged
+    assert train.with_overrides(num_accelerators=None).gpus == 4  # None leaves it, as databricks.air's does
+    assert train.with_overrides(gpus=3).gpus == 3  # the other spelling replaces it
+    assert quick.distributed("x") == [(0, "x"), (1, "x")]
+    assert quick.func is train.func is _rank_and_setting
+
+
+def test_with_overrides_validates_like_the_decorator(monkeypatch, tmp_path):
+    simulate_gpus(monkeypatch, tmp_path, 8, "NVIDIA H100 80GB HBM3")
+    train = nbhelpers.distributed(num_accelerators=2)(print)
+    with pytest.raises(ValueError, match=r"timeout must be a positive number of seconds or None"):
+        train.with_overrides(timeout=-1)
+    with pytest.raises(ValueError, match=r"gpus=9 but only 8 GPU\(s\) are visible"):
+        train.with_overrides(num_accelerators=9)
+    with pytest.raises(ValueError, match=r"accelerator_type='GPU_1xA10' but the GPUs visible here are NVIDIA H100"):
+        train.with_overrides(accelerator_type="GPU_1xA10")
+    with pytest.raises(TypeError, match=r"with_overrides\(\) got unknown argument\(s\) gpu_count"):
+        train.with_overrides(gpu_count=2)
+
+
+def test_func_is_the_undecorated_function_and_a_plain_call_still_runs_here():
+    def train(lr):
+        import os
+
+        return lr, os.environ.get("WORLD_SIZE")
+
+    decorated = nbhelpers.distributed(train)
+    assert decorated.func is train and decorated.with_overrides(timeout=5).func is train
+    assert decorated(0.1) == (0.1, "1")  # ours runs a plain call in this process, as rank 0 of 1 (databricks.air refuses)
+
+
+def _says_hello_and_fails_on_rank_1():
+    import os
+    import sys
+
+    rank = int(os.environ["RANK"])
+    print(f"hello from rank {rank}", flush=True)
+    print(f"a warning on stderr of rank {rank}", file=sys.stderr, flush=True)
+    if rank == 1:
+        raise RuntimeError("rank 1 gives up")
+    return rank
+
+
+def test_each_ranks_log_is_saved_to_the_active_mlflow_run_as_an_artifact(tmp_path):
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    try:
+        experiment = mlflow.create_experiment("rank-logs", artifact_location=(tmp_path / "artifacts").as_uri())
+        with mlflow.start_run(experiment_id=experiment) as run:
+            with pytest.raises(nbhelpers.DistributedError, match="rank 1 gives up"):
+                nbhelpers.distributed(output="rank0")(_says_hello_and_fails_on_rank_1).distributed()
+        client = mlflow.MlflowClient()
+        assert sorted(a.path for a in client.list_artifacts(run.info.run_id, "logs")) == ["logs/rank_0.txt",
+                                                                                          "logs/rank_1.txt"]
+        folder = Path(client.download_artifacts(run.info.run_id, "logs", str(tmp_path / "down")))
+        for rank in (0, 1):  # rank 1's too, though output="rank0" kept it out of the cell
+            log = (folder / f"rank_{rank}.txt").read_text()
+            assert f"hello from rank {rank}\n" in log and f"a warning on stderr of rank {rank}\n" in log, log
+        assert "RuntimeError: rank 1 gives up" in (folder / "rank_1.txt").read_text()
+    finally:
+        mlflow.set_tracking_uri(None)
+
+
+def test_a_ranks_log_is_bounded_keeping_its_start_and_its_end():
+    from nbhelpers.engine_core import RankLog
+
+    log = RankLog()
+    log.feed(b"first line\n")
+    for _ in range(2000):
+        log.feed(b"x" * 1023 + b"\n")
+    log.feed(b"last line\n")
+    text = log.text()
+    assert text.startswith("first line\n") and text.endswith("last line\n")
+    assert len(text) < RankLog.HEAD_BYTES + RankLog.TAIL_BYTES + 200
+    assert re.search(r"\[\.\.\. \d+ bytes of this rank's output left out \.\.\.\]", text)
 
 
 SERVERLESS_GPU_RUNTIME_EXAMPLE = """
