@@ -75,6 +75,23 @@ def load_config_file(path: str | Path) -> dict:
     return yaml.safe_load(path.read_text()) or {}
 
 
+def config_with_overrides(config: str | Path, overrides: str | Path) -> Path:
+    """A YAML file (beside `overrides`, in a temporary folder) of `config`'s settings with `overrides`' keys applied: for
+    a parser whose --config replaces the recipe's file (TRL's), as a workload's `parameters` (HYPERPARAMETERS_PATH)
+    change only a few. A key `config` does not have is refused, naming the known ones."""
+    import tempfile
+
+    import yaml
+
+    settings, changes = load_config_file(config), load_config_file(overrides)
+    unknown = sorted(set(changes) - set(settings))
+    if unknown:
+        raise SystemExit(f"{overrides}: unknown setting(s) {unknown}; {config}'s settings are {sorted(settings)}")
+    merged = Path(tempfile.mkdtemp(prefix="recipe-config-")) / Path(config).name
+    merged.write_text(yaml.safe_dump({**settings, **changes}, sort_keys=False))
+    return merged
+
+
 def parse_args(recipe_dir: str | Path, description: str, argv=None, hidden: dict | None = None) -> argparse.Namespace:
     """The recipe's settings: RECIPE_DIR/config.yaml, then `--config FILE` (YAML/JSON, any subset of its keys),
     then `--key value` flags (`--bf16` alone means true). `hidden`: extra flags for tests, not shown in --help."""
@@ -335,14 +352,22 @@ def _has_checkpoints(folder: Path) -> bool:
 @contextlib.contextmanager
 def mlflow_run(experiment: str, output_dir: str | Path, tracking_uri: str | None, params: dict):
     """On rank 0, an MLflow run named after OUTPUT_DIR in `experiment`, with `params` logged; yields the `mlflow`
-    module there and None on the other ranks. A local store keeps its artifacts beside it (runs/mlartifacts)."""
+    module there and None on the other ranks. A local store keeps its artifacts beside it (runs/mlartifacts).
+    Where MLFLOW_RUN_ID is set (Databricks' AI Runtime sets it for a `databricks air run` workload: workload.yaml),
+    the recipe logs into that run itself, in its own experiment and store (MLFLOW_TRACKING_URI)."""
     if runtime.get_rank() != 0:
         yield None
         return
     import mlflow
 
-    mlflow_experiment(experiment, mlflow_tracking_uri(output_dir, tracking_uri))
-    with mlflow.start_run(run_name=Path(output_dir).name, log_system_metrics=True):
+    platform_run = os.environ.get("MLFLOW_RUN_ID")
+    if platform_run:
+        mlflow.set_tracking_uri(mlflow_tracking_uri(output_dir, tracking_uri))
+        run = mlflow.start_run(run_id=platform_run, log_system_metrics=True)
+    else:
+        mlflow_experiment(experiment, mlflow_tracking_uri(output_dir, tracking_uri))
+        run = mlflow.start_run(run_name=Path(output_dir).name, log_system_metrics=True)
+    with run:
         mlflow.log_params({key: value for key, value in params.items() if key != "config"})
         yield mlflow
 

@@ -1,11 +1,12 @@
 """TRL SFT of Qwen3-8B on invoice/receipt -> JSON extraction with DeepSpeed ZeRO-3, one torchrun agent per node.
 
     torchrun --nnodes=N --nproc-per-node=G --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 --rdzv-id=JOB \
-        train.py [--config config.yaml] [--any_sft_config_flag value ...]
+        train.py [--config config.yaml] [--overrides FILE] [--any_sft_config_flag value ...]
 
 Settings are read by TRL's own parser (TrlParser), as in TRL's sft.py: every field of ScriptArguments,
 SFTConfig and ModelConfig, plus this recipe's few (InvoiceArguments), is a key of the YAML config (default:
-config.yaml next to this file) and a flag. DeepSpeed is configured by its JSON (`--deepspeed ds_zero3.json`)
+config.yaml next to this file) and a flag; `--overrides FILE` changes a subset of the config's keys (Databricks' AI
+Runtime passes a workload's `parameters` that way: workload.yaml). DeepSpeed is configured by its JSON (`--deepspeed ds_zero3.json`)
 or by an accelerate config (`accelerate launch --config_file ...`).
 
 The data is prompt/completion chat (the user turn holds the document, the assistant turn the JSON), so
@@ -39,8 +40,8 @@ from nbhelpers.metrics import peak_memory_bytes, write_metrics
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # recipes/: recipe_common.py, what the recipes share
 from extraction import evaluate_rows, summarize  # noqa: E402
-from recipe_common import (gather_rank_facts, init_distributed, load_rows, log_causal_lm, mlflow_run,  # noqa: E402
-                           shutdown, stop_clearly_if_a_peer_is_lost)
+from recipe_common import (config_with_overrides, gather_rank_facts, init_distributed, load_rows,  # noqa: E402
+                           log_causal_lm, mlflow_run, shutdown, stop_clearly_if_a_peer_is_lost)
 
 RECIPE = "deepspeed_qwen3_8b_invoices"
 
@@ -62,6 +63,12 @@ def parse_args(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--config" not in argv:
         argv = ["--config", str(HERE / "config.yaml"), *argv]
+    if "--overrides" in argv:  # a subset of the config's keys (TRL's --config replaces the whole file)
+        at = argv.index("--overrides")
+        overrides = argv[at + 1]
+        del argv[at:at + 2]
+        config_at = argv.index("--config") + 1
+        argv[config_at] = str(config_with_overrides(argv[config_at], overrides))
     parser = TrlParser((ScriptArguments, SFTConfig, ModelConfig, InvoiceArguments))
     parser.set_defaults(use_cpu=not torch.cuda.is_available())  # accelerate sees no distributed run without it
     return parser.parse_args_and_config(argv)  # SFTConfig starts the process group (accelerate) and reads DeepSpeed's

@@ -1,0 +1,145 @@
+"""Each recipe's workload.yaml, the file `databricks air run -f workload.yaml` submits to Databricks' AI Runtime
+(issue 42 §3). `databricks air run` cannot run here, so the file is held to what the platform reads (a small schema:
+the fields of Databricks' ai-runtime-cookbook workloads) and its command to what it runs: the folders it enters
+exist, the launcher's options parse with torchrun's own parser, and the recipe's parser accepts its flags with the
+`parameters` the platform hands over (HYPERPARAMETERS_PATH), so the file cannot rot as the recipes change.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPES = sorted(p.parent.name for p in (REPO / "recipes").glob("*/train.py"))
+ACCELERATOR_TYPES = {"GPU_1xA10": 1, "GPU_1xH100": 1, "GPU_8xH100": 8, "GPU_8xB300": 8}  # databricks.air 0.1.1's
+FIELDS = {"experiment_name": str, "environment": dict, "compute": dict, "code_source": dict, "command": str,
+          "env_variables": dict, "secrets": dict, "parameters": dict, "max_retries": int, "timeout_minutes": int}
+REQUIRED = {"experiment_name", "environment", "compute", "code_source", "command"}
+# What the platform sets on every node (one node of 8 here), and the code source where it is unpacked
+PLATFORM = {"NUM_NODES": "1", "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+            "LOCAL_WORLD_SIZE": "8", "MLFLOW_RUN_ID": "0123456789abcdef", "CODE_SOURCE_PATH": str(REPO)}
+
+
+def workload(recipe: str) -> dict:
+    return yaml.safe_load((REPO / "recipes" / recipe / "workload.yaml").read_text())
+
+
+def constraints() -> dict:
+    pins = re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", (REPO / "constraints.txt").read_text(), flags=re.MULTILINE)
+    return {_normal(name): version for name, version in pins}
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_every_recipe_folder_has_a_workload_file():
+    assert RECIPES and all((REPO / "recipes" / r / "workload.yaml").is_file() for r in RECIPES), RECIPES
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_a_workload_file_has_the_fields_the_platform_reads(recipe):
+    spec = workload(recipe)
+    assert REQUIRED <= spec.keys() <= FIELDS.keys(), sorted(spec)
+    for field, kind in FIELDS.items():
+        assert field not in spec or isinstance(spec[field], kind), (field, spec[field])
+    assert isinstance(spec["environment"]["version"], str) and spec["environment"]["version"].startswith("databricks_ai_v")
+    pinned = constraints()
+    for dependency in spec["environment"]["dependencies"]:  # each pinned, to the version the tests passed with
+        name, _, version = re.sub(r"\[.*\]", "", dependency).partition("==")
+        assert pinned.get(_normal(name)) == version, f"{dependency}: constraints.txt has {pinned.get(_normal(name))}"
+    compute = spec["compute"]
+    per_node = ACCELERATOR_TYPES[compute["accelerator_type"]]
+    assert compute["num_accelerators"] >= 1 and compute["num_accelerators"] % per_node == 0, compute
+    assert (REPO / "recipes" / recipe / spec["code_source"]["root_path"]).resolve() == REPO  # the package's tree
+    assert all(isinstance(v, str) for v in spec.get("env_variables", {}).values()), spec["env_variables"]
+    assert all(re.fullmatch(r"[\w.-]+/[\w.-]+", v) for v in spec.get("secrets", {}).values()), spec["secrets"]
+    assert spec["parameters"]["output_dir"].startswith("/Volumes/"), "outputs go to a Unity Catalog Volume"
+    assert spec["max_retries"] >= 0 and spec["timeout_minutes"] > 0
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_a_gated_model_has_its_token_as_a_secret(recipe):
+    spec = workload(recipe)
+    model = spec["parameters"].get("model_name_or_path", "")
+    assert not model.startswith("meta-llama/") or "HF_TOKEN" in spec.get("secrets", {}), model
+
+
+def launch_line(command: str) -> tuple[Path, list[str]]:
+    """(the folder the command launches from, the launch line's words) with the platform's variables: the
+    command's `cd`s are followed; its pip install is checked (an editable install of the code source), not run."""
+    here = Path(os.environ.get("PWD", "/"))
+    for line in command.replace("\\\n", " ").splitlines():
+        words = shlex.split(os.path.expandvars(line))
+        if not words:
+            continue
+        if words[0] == "cd":
+            here = (here / words[1]).resolve()
+            assert here.is_dir(), here
+        elif words[0] == "pip":
+            assert words == ["pip", "install", "--no-deps", "-e", "."] and (here / "pyproject.toml").is_file(), words
+        else:
+            return here, words
+    raise AssertionError(f"no launch line in {command!r}")
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_a_workload_command_runs_the_recipe_with_flags_its_parser_accepts(recipe, monkeypatch, tmp_path):
+    spec = workload(recipe)
+    subprocess.run(["bash", "-n", "-c", spec["command"]], check=True)  # the shell reads it
+    parameters = tmp_path / "hyperparameters.yaml"
+    parameters.write_text(yaml.safe_dump(spec["parameters"]))
+    for name, value in {**PLATFORM, "HYPERPARAMETERS_PATH": str(parameters), "PWD": "/"}.items():
+        monkeypatch.setenv(name, value)
+    here, words = launch_line(spec["command"])
+    if words[0] == "torchrun":
+        from torch.distributed.run import get_args_parser
+
+        launcher = get_args_parser().parse_args(words[1:])  # torchrun's own parser: its options and the script
+        assert (launcher.nnodes, launcher.node_rank, launcher.nproc_per_node) == ("1", 0, "8"), launcher
+        script, argv = here / launcher.training_script, launcher.training_script_args
+    else:
+        assert words[0] == "python", words
+        script, argv = here / words[1], words[2:]
+    assert script == REPO / "recipes" / recipe / "train.py", script
+    monkeypatch.syspath_prepend(str(REPO / "recipes"))
+    from recipe_common import config_with_overrides, parse_args
+
+    if "--overrides" in argv:  # TRL's parser (deepspeed recipe): the parameters change config.yaml's keys
+        settings = yaml.safe_load(config_with_overrides(script.parent / "config.yaml", argv[argv.index("--overrides") + 1])
+                                  .read_text())
+        assert argv == ["--overrides", str(parameters)] and "--overrides" in script.read_text()
+    else:
+        settings = vars(parse_args(script.parent, recipe, argv))
+    assert spec["parameters"].items() <= settings.items(), settings
+    if "--num_workers" in argv:  # a Ray Train worker per GPU of the node
+        assert settings["num_workers"] == 8
+
+
+def test_a_recipe_logs_into_the_platforms_mlflow_run_when_it_is_set(monkeypatch, tmp_path):
+    import mlflow
+
+    monkeypatch.syspath_prepend(str(REPO / "recipes"))
+    from recipe_common import mlflow_run
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(store)
+    experiment = client.create_experiment("platform", artifact_location=(tmp_path / "artifacts").as_uri())
+    platform_run = client.create_run(experiment).info.run_id
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    monkeypatch.setenv("MLFLOW_RUN_ID", platform_run)
+    with mlflow_run("some_recipe", tmp_path / "runs" / "x", None, {"learning_rate": 1e-5}) as tracking:
+        tracking.log_metric("train_loss", 1.5)
+    assert client.get_run(platform_run).data.params == {"learning_rate": "1e-05"}
+    assert [m.value for m in client.get_metric_history(platform_run, "train_loss")] == [1.5]
+    assert [r.info.run_id for r in client.search_runs([experiment])] == [platform_run]  # no run of its own
+    assert client.get_experiment_by_name("some_recipe") is None
