@@ -83,6 +83,17 @@ def assert_sharded_over_both_nodes(metrics: dict) -> None:
     assert total * 0.98 <= sum(shards) <= total * 1.05, (shards, total)
 
 
+def assert_tokens_per_s_counts_the_timed_samples(metrics, timed_samples, max_length):
+    """tokens/s is the real tokens of the timed steps over their seconds: times the seconds recorded beside it, it
+    gives between 20 tokens (fewer than the Alpaca prompt's fixed words) and max_length per timed sample, of which the
+    labelled (response) tokens are a part. On the tiny stand-in 67 and 12 a sample; counting anything but the tokens
+    (the micro-batches, say) fails."""
+    seconds = metrics["timed_seconds"]
+    tokens, labelled = metrics["tokens_per_s"] * seconds, metrics["label_tokens_per_s"] * seconds
+    assert 20 * timed_samples < tokens <= max_length * timed_samples, (tokens, timed_samples, metrics)
+    assert timed_samples <= labelled < tokens, (labelled, tokens, metrics)
+
+
 def load_recipe_module(recipe: str, name: str):
     path = RECIPES / recipe / f"{name}.py"
     sys.path.insert(0, str(path.parent))  # train.py imports its neighbours (extraction.py)
@@ -106,7 +117,7 @@ def test_fsdp_llama_two_nodes_shards_trains_saves_full_model_and_resumes_from_it
     metrics = run_two_nodes("fsdp_llama_3_1_8b_multinode", command, tmp_path)
     assert_sharded_over_both_nodes(metrics)
     assert metrics["final_loss"] < 0.75 * metrics["initial_loss"], metrics["losses"]
-    assert metrics["tokens_per_s"] > 0
+    assert_tokens_per_s_counts_the_timed_samples(metrics, timed_samples=(14 - 2) * 4 * 2 * 2, max_length=1024)
     assert metrics["resumed_from_step"] is None and [Path(c).name for c in metrics["checkpoints"]] == ["step_0000008"]
 
     # The same command again (as after a failure): it resumes at step 8 and redoes steps 9..14 on the same data.
