@@ -146,7 +146,8 @@ def test_fsdp_llama_two_nodes_shards_trains_saves_full_model_and_resumes_from_it
 # FSDP2 Qwen3: packing, distributed checkpoint and resume
 # --------------------------------------------------------------------------------------------------
 def fsdp2_args(model, output_dir, steps, *extra):
-    return ["--model_name_or_path", model, "--dataset_name", DATA / "alpaca", "--output_dir", output_dir,
+    return ["--model_name_or_path", model, "--dataset_name", DATA / "capybara", "--dataset_train_split", "train",
+            "--output_dir", output_dir,
             "--max_length", 256, "--per_device_train_batch_size", 2, "--max_steps", steps, "--learning_rate", 3e-3,
             "--warmup_steps", 2, "--torch_compile", "false", "--save_final_model", "false", "--logging_steps", 4,
             "--timing_warmup_steps", 2, *extra]
@@ -377,8 +378,9 @@ def test_packed_sample_has_the_same_loss_as_alone(standin):
     path = standin("qwen3-0.6b")
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa").eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
-    rows = [json.loads(line) for line in (DATA / "alpaca" / "train.jsonl").read_text().splitlines()[:3]]
-    samples = [train.tokenize_prompt_response(tokenizer, train.alpaca_prompt(r), r["output"], 256) for r in rows]
+    rows = [json.loads(line) for line in (DATA / "capybara" / "train.jsonl").read_text().splitlines()[:3]]
+    template = train.get_training_chat_template(tokenizer)
+    samples = [train.tokenize_chat(tokenizer, template, r["messages"], 256) for r in rows]
 
     def per_sample_losses(row):
         logits = model(input_ids=torch.tensor([row["input_ids"]]), position_ids=torch.tensor([row["position_ids"]]),

@@ -1,18 +1,24 @@
-"""FSDP2 fine-tune of Qwen3.5-27B (or a Qwen3) on alpaca-style data, one torchrun agent per node.
+"""FSDP2 fine-tune of Qwen3.8-27B (or any Qwen3.5, Qwen3 or Llama-style causal LM) on chat data, one torchrun agent
+per node.
 
     torchrun --nnodes=N --nproc-per-node=G --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 --rdzv-id=JOB \
         train.py [--config my.yaml] [--key value ...]
 
+Loading: rank 0 reads the checkpoint once, in bf16, into host memory; every rank builds the model on the meta
+device, shards it, and receives its shard of rank 0's weights in fp32 (the master weights exist only sharded).
 FSDP2: `fully_shard` on every decoder layer, then on the root (embeddings, final norm, lm_head), with
 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): compute in bf16, fp32 master weights and
-gradient reduction. Sequence packing: samples are concatenated into rows of max_length tokens and their
-position_ids restart at 0 for each sample; with attention_mask=None transformers (>= 5) reads the
-restarts and builds a block-diagonal causal mask (sdpa) or BlockMask (flex_attention), so a sample
-never attends to its neighbours. Qwen3.5's Gated DeltaNet layers ignore position_ids: linear_attention.py
+gradient reduction. Data: multi-turn conversations (`messages`) through the model's chat template, the loss on the
+assistant's tokens only (`{% generation %}` marks: TRL's training copy of the template where the model's has none).
+Sequence packing: conversations are concatenated into rows of max_length tokens and their position_ids restart at 0
+for each one; with attention_mask=None transformers (>= 5) reads the restarts and builds a document mask: a
+FlexAttention BlockMask (flex_attention, the default on GPUs: blocks of other documents are skipped, never computed)
+or a dense block-diagonal one (sdpa, on CPUs). Qwen3.5's Gated DeltaNet layers ignore position_ids: linear_attention.py
 gives their conv and recurrent state the sample boundaries (cu_seq_lens) and picks their kernels
-(flash-linear-attention + causal-conv1d when installed and correct, else PyTorch). Loss on responses only.
-Non-reentrant activation checkpointing, fused AdamW on GPU, torch.compile per decoder layer, a distributed
-checkpoint (torch.distributed.checkpoint) every `save_steps` steps (nbhelpers.checkpoints: sealed, verified on resume), resumed automatically.
+(flash-linear-attention + causal-conv1d when installed and correct, else PyTorch).
+Non-reentrant activation checkpointing, fused AdamW on GPU, torch.compile per decoder layer on GPUs, a distributed
+checkpoint (torch.distributed.checkpoint) every `save_steps` steps (nbhelpers.checkpoints: sealed, verified on
+resume), resumed automatically; the final model saved in bf16, gathered one tensor at a time.
 Parameters, the loss and the final model go to MLflow. `synthetic_data` + `random_init` turn it into
 the throughput benchmark (see README.md).
 """
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import math
 import random
+import resource
 import sys
 import time
 from pathlib import Path
@@ -28,10 +35,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp  # noqa: F401  (the recipe's tests reach DCP through it)
 import torch.nn.functional as F
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
 from tqdm import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from trl.chat_template_utils import get_training_chat_template
 
 from nbhelpers import checkpoints
 from nbhelpers.flops import FLOP_FORMULA, peak_flops
@@ -41,9 +49,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # recipes/: recipe_common.py, what the recipes share
 sys.path.insert(0, str(HERE))  # linear_attention.py, also when this file is imported from elsewhere
 from linear_attention import INSTALLED, has_linear_attention, install, packed_kwargs, select_kernels  # noqa: E402
-from recipe_common import (Resumed, alpaca_prompt, checkpoint_dir_to_use, gather_rank_facts, load_rows,  # noqa: E402
-                           log_causal_lm, model_sizes, parse_args, resume, save_checkpoint, tokenize_prompt_response,
-                           torchrun_job)
+from recipe_common import (Resumed, checkpoint_dir_to_use, gather_rank_facts, load_rows, log_causal_lm,  # noqa: E402
+                           model_sizes, parse_args, resume, save_checkpoint, torchrun_job)
 
 RECIPE = "fsdp2_qwen3_multinode"
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
@@ -53,9 +60,14 @@ def main():
     args = parse_args(HERE, __doc__.split("\n")[0])
     checkpoint_dir = checkpoint_dir_to_use(args)  # a fresh run over an earlier run's checkpoints stops here
     with torchrun_job(RECIPE, args) as (device, tracking):  # process group, seed, lost-node guard, MLflow on rank 0
-        model = build_model(args, device)
+        settle_defaults(args, device)
+        host_before = host_peak_bytes()
+        model, weights = build_model(args, device)
         sizes = model_sizes(model, args.max_length)  # counted before sharding
         shard_model(model, args, device)
+        load_weights(model, weights, device)
+        del weights  # rank 0's bf16 copy: from here on each rank holds its shard only
+        host_load = host_peak_bytes() - host_before
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay,
                                       betas=(0.9, 0.95), fused=device.type == "cuda")
         resumed = resume(model, optimizer, checkpoint_dir) if args.resume_from_checkpoint else Resumed()
@@ -63,23 +75,34 @@ def main():
         run = train(model, optimizer, batches, args, resumed, checkpoint_dir, device, tracking)
         if args.save_final_model:
             save_final_model(model, args, tracking)
-        report(args, model, sizes, resumed, run, device, tracking)
+        report(args, model, sizes, resumed, run, device, tracking, host_load)
 
 
 # --------------------------------------------------------------------------------------------------
-# Model: loaded (or built at random for the benchmark), then sharded layer by layer
+# Model: built on the meta device, sharded, then filled with rank 0's weights (or built at random for the benchmark)
 # --------------------------------------------------------------------------------------------------
+def settle_defaults(args, device) -> None:
+    """`null` settings that depend on the machine: on GPUs FlexAttention (packed rows as a document mask whose other
+    documents' blocks are skipped) and torch.compile per layer; on CPUs sdpa (flex would compile for the CPU) and eager."""
+    on_gpu = device.type == "cuda"
+    if args.attn_implementation is None:
+        args.attn_implementation = "flex_attention" if on_gpu else "sdpa"
+    if args.torch_compile is None:
+        args.torch_compile = on_gpu
+
+
 def build_model(args, device):
-    """Every rank loads the checkpoint on CPU in fp32 (the master weights), or builds random weights directly on
-    its GPU for the benchmark (`random_init`: a config-only stand-in is enough)."""
-    attn = args.attn_implementation
-    if args.random_init:
-        config = AutoConfig.from_pretrained(args.model_name_or_path)
-        with torch.device(device):
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=attn)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32,
-                                                     attn_implementation=attn)
+    """The architecture on the meta device (no memory), and rank 0's copy of the checkpoint's weights: read once, in
+    bf16, into its host memory (the other ranks get None). fp32 master weights are made after sharding (load_weights),
+    so no rank ever holds the whole model in fp32. `random_init` instead builds random fp32 weights directly on the
+    GPU (the single-GPU benchmark: a config-only stand-in is enough)."""
+    config = AutoConfig.from_pretrained(args.model_name_or_path)
+    weights = None
+    with torch.device(device if args.random_init else "meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=args.attn_implementation)
+    if not args.random_init and dist.get_rank() == 0:
+        loaded = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.bfloat16)
+        weights = {**dict(loaded.named_parameters()), **dict(loaded.named_buffers())}  # buffers: rotary tables
     model.config.use_cache = False
     if args.linear_attention_kernels not in ("auto", "torch"):
         raise SystemExit(f"linear_attention_kernels must be auto or torch, not {args.linear_attention_kernels!r}")
@@ -94,19 +117,46 @@ def build_model(args, device):
             print(kernels.describe(), flush=True)
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return model
+    return model, weights
 
 
 def shard_model(model, args, device) -> None:
     """FSDP2: one FSDP unit per decoder layer (its all-gather overlaps the previous layer's compute), then the root
-    for what is left; each rank keeps its shard only."""
+    for what is left; each rank then allocates its shard only (empty until load_weights)."""
     mp_policy = MixedPrecisionPolicy(param_dtype=DTYPES[args.param_dtype], reduce_dtype=DTYPES[args.reduce_dtype])
     for layer in model.model.layers:
         if args.torch_compile:  # the layer's forward only: FSDP's hooks stay eager; one graph serves every layer
             layer.forward = torch.compile(layer.forward)
         fully_shard(layer, mp_policy=mp_policy, reshard_after_forward=args.reshard_after_forward)
     fully_shard(model, mp_policy=mp_policy, reshard_after_forward=args.reshard_after_forward)
-    model.to(device)  # moves each rank's shard only
+    if model.device.type == "meta":
+        model.to_empty(device=device)
+    model.to(device)
+
+
+@torch.no_grad()
+def load_weights(model, weights: dict | None, device) -> None:
+    """Rank 0's weights into every rank's shards, one tensor at a time: rank 0 sends each, every rank keeps its slice
+    in the shard's dtype (fp32: the master weights). Buffers (rotary tables) are sent whole. Nothing to do for
+    random_init (weights None on every rank)."""
+    dtypes = [{name: t.dtype for name, t in weights.items()} if weights is not None else None]
+    dist.broadcast_object_list(dtypes, src=0)  # the other ranks allocate what rank 0 sends
+    if dtypes[0] is None:
+        return
+    for name, target in [*model.named_parameters(), *model.named_buffers()]:
+        full = (weights[name].to(device) if weights is not None
+                else torch.empty(target.shape, dtype=dtypes[0][name], device=device))
+        if isinstance(target, DTensor):
+            target.to_local().copy_(distribute_tensor(full, target.device_mesh, target.placements,
+                                                      src_data_rank=0).to_local())
+        else:
+            dist.broadcast(full, src=0)
+            target.copy_(full)
+
+
+def host_peak_bytes() -> int:
+    """This process's peak resident host memory so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def local_numel(model) -> int:
@@ -124,14 +174,24 @@ def load_data(args, vocab_size: int, device, skip: int):
         return synthetic_batches(vocab_size, args.max_length, args.per_device_train_batch_size, device,
                                  args.seed + rank)
     tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
-    samples = [tokenize_prompt_response(tokenizer, alpaca_prompt(row), row["output"], args.max_length)
-               for row in load_rows(args.dataset_name, "train")]
+    template = get_training_chat_template(tokenizer)  # None: the model's own template marks the assistant already
+    samples = [tokenize_chat(tokenizer, template, row["messages"], args.max_length)
+               for row in load_rows(args.dataset_name, args.dataset_train_split)]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     batches = packed_batches(samples, args.max_length, args.per_device_train_batch_size, pad_id, rank, world_size,
                              args.seed)
     for _ in range(skip):
         next(batches)
     return batches
+
+
+def tokenize_chat(tokenizer, template: str | None, messages: list[dict], max_length: int) -> tuple[list, list]:
+    """(input_ids, labels) of one conversation, already shifted (labels[i] is the token after input_ids[i]): -100
+    except where the assistant wrote the next token (its replies and their end-of-turn token), cut to max_length."""
+    chat = tokenizer.apply_chat_template(messages, chat_template=template, tokenize=True, return_dict=True,
+                                         return_assistant_tokens_mask=True)
+    ids, assistant = chat["input_ids"][: max_length + 1], chat["assistant_masks"][: max_length + 1]
+    return ids[:-1], [token if mine else -100 for token, mine in zip(ids[1:], assistant[1:])]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -271,18 +331,26 @@ def train(model, optimizer, batches, args, resumed: Resumed, checkpoint_dir: Pat
 
 
 def save_final_model(model, args, tracking) -> None:
-    """The full state dict gathered to rank 0's CPU (fine up to a few B parameters), saved with save_pretrained into
-    output_dir/final_model the way nbhelpers.checkpoints writes (complete or absent), then logged to MLflow."""
-    full_state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    """The weights gathered one tensor at a time in the compute dtype (bf16: 54 GB for the 27B in rank 0's host
+    memory, never the fp32 masters), saved with save_pretrained into output_dir/final_model the way
+    nbhelpers.checkpoints writes (complete or absent), then logged to MLflow."""
+    dtype, rank0, state = DTYPES[args.param_dtype], dist.get_rank() == 0, {}
+    for name, tensor in model.state_dict().items():
+        tensor = tensor.to(dtype) if tensor.is_floating_point() else tensor
+        full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor  # a collective: every rank takes part
+        if rank0:
+            state[name] = full.cpu()
+    model.config.dtype = dtype  # what the saved weights are (config.json)
     with checkpoints.saving(Path(args.output_dir) / "final_model") as folder:
-        if dist.get_rank() == 0:
-            model.save_pretrained(folder, state_dict=full_state)
+        if rank0:
+            model.save_pretrained(folder, state_dict=state)
             AutoTokenizer.from_pretrained(args.model_name_or_path).save_pretrained(folder)
     log_causal_lm(tracking, Path(args.output_dir) / "final_model")
 
 
-def report(args, model, sizes: dict, resumed: Resumed, run: dict, device, tracking) -> None:
-    """metrics.json (rank 0): losses, checkpoints, throughput and MFU, each rank's shard and peak memory."""
+def report(args, model, sizes: dict, resumed: Resumed, run: dict, device, tracking, host_load: int) -> None:
+    """metrics.json (rank 0): losses, checkpoints, throughput and MFU, each rank's shard, peak GPU memory, and host
+    memory (what loading the model added to the rank's peak, and the peak of the whole run)."""
     on_gpu, world_size = device.type == "cuda", dist.get_world_size()
     tokens_per_step = args.per_device_train_batch_size * args.max_length * args.gradient_accumulation_steps * world_size
     elapsed, timed_steps = run["timed_seconds"], run["timed_steps"]
@@ -293,7 +361,8 @@ def report(args, model, sizes: dict, resumed: Resumed, run: dict, device, tracki
     facts = gather_rank_facts(local_shard_numel=local_numel(model),
                               peak_memory_bytes=peak_memory_bytes(device),
                               peak_reserved_bytes=torch.cuda.max_memory_reserved(device) if on_gpu else None,
-                              device=torch.cuda.get_device_name(device) if on_gpu else "cpu")
+                              device=torch.cuda.get_device_name(device) if on_gpu else "cpu",
+                              host_memory_load_bytes=host_load, host_memory_peak_bytes=host_peak_bytes())
     if dist.get_rank() != 0:
         return
     losses = run["losses"]
