@@ -54,8 +54,12 @@ def test_ray_resnet50_resumes_from_its_last_checkpoint_after_a_worker_is_killed_
     assert [e["started_at_epoch"] for e in epochs] == [0, 1, 1]
     assert metrics["worker_group_starts"] == [0, 1]
     assert metrics["world_size"] == 2
-    assert metrics["final_loss"] < 0.95 * metrics["initial_loss"], metrics["losses"]
-    assert all(e["images_per_s"] > 0 and e["epoch_s"] > 0 for e in epochs)
+    # From scratch the epochs' mean loss went 3.12 -> 3.06 -> 2.56 (0.82x); at learning rate 0 2.81 -> 2.72 (0.97x).
+    assert metrics["final_loss"] < 0.9 * metrics["initial_loss"], metrics["losses"]
+    # images/s is every worker's training images of the epoch (10 classes x 16) over its timed seconds.
+    for e in epochs:
+        assert e["images_per_s"] * e["train_s"] == pytest.approx(10 * 16, rel=1e-6), e
+        assert 0 < e["train_s"] <= e["epoch_s"], e
 
     # Ray's copies of the sealed checkpoints verify; save_total_limit 2 kept the last two epochs.
     kept = sorted((tmp_path / "out" / "ray_results" / "ray_resnet50").glob("checkpoint_*/"))
