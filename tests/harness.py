@@ -91,7 +91,7 @@ def run_notebook(case, workdir: Path, standin=None):
             parameters[name] = str(path)
     executed = workdir / Path(case.notebook).name
     require_kernel(case.kernel)
-    with hooks_in_kernel(case.hooks, workdir / "hooks"):
+    with hooks_in_kernel(case.hooks, workdir / "hooks", cpu_fixes=case.cpu_fixes):
         papermill.execute_notebook(
             str(notebook),
             str(executed),
@@ -157,15 +157,23 @@ def _hook_module():
 
 
 @contextlib.contextmanager
-def hooks_in_kernel(hooks: tuple, folder: Path):
+def hooks_in_kernel(hooks: tuple, folder: Path, cpu_fixes: bool = True):
     """Start the kernel (and so all it starts) with the test hooks `hooks` installed, recording into `folder`, and
     without an MLflow store chosen for it (MLflow's set_tracking_uri in this process sets MLFLOW_TRACKING_URI, which
-    a kernel would inherit: each case's runs go to its own project store)."""
+    a kernel would inherit: each case's runs go to its own project store).
+    cpu_fixes=False: without the CPU fixes of hooks/cpu_fixes.py: with no test hooks, tests/hooks is not on the
+    kernel's path at all (as in a user's kernel); with test hooks, COOKBOOK_CPU_FIXES=0 tells sitecustomize.py to
+    install those alone."""
     added = {}
     if hooks:
         _hook_module().parse(",".join(hooks))  # an unknown name fails here, not as a warning in the kernel's log
         added = {"PYTHONPATH": os.pathsep.join(filter(None, [str(HOOKS), os.environ.get("PYTHONPATH")])),
                  "COOKBOOK_TEST_HOOKS": ",".join(hooks), "COOKBOOK_TEST_HOOKS_DIR": str(folder)}
+        if not cpu_fixes:
+            added["COOKBOOK_CPU_FIXES"] = "0"
+    elif not cpu_fixes:  # conftest.py put tests/hooks on the path of every process the tests start
+        added = {"PYTHONPATH": os.pathsep.join(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                               if p and p != str(HOOKS))}
     with mock.patch.dict(os.environ, added):  # the kernel inherits this process's environment when papermill starts it
         os.environ.pop("MLFLOW_TRACKING_URI", None)  # (patch.dict restores it afterwards)
         yield

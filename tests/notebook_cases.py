@@ -32,6 +32,8 @@ class NotebookCase:
     kernel: str = "python3"  # the Jupyter kernel, i.e. the environment it runs in (Axolotl has its own)
     hooks: tuple = ()  # test hooks to install, e.g. ("kill_rank_after_optimizer_step=3",)
     files: tuple = ()  # files the run must leave in output_dir
+    cpu_fixes: bool = True  # False: without tests/hooks' CPU fixes (hooks/cpu_fixes.py), as a user's run (with
+    # `hooks`, the test hooks alone)
 
 
 # The DDP notebook's smoke run: 20 steps, a sealed checkpoint every 10 (resumed by test_trl_ddp_gpt_oss_20b.py).
@@ -299,9 +301,12 @@ CASES = [
     ),
     # Unsloth: the tiny Llama stand-in, 20 steps with a checkpoint every 10. The 2-rank run is also the reference
     # that tests/test_unsloth_notebook.py's killed-and-resumed run must reproduce (the notebook_run fixture shares it).
+    # Without the tests' CPU fixes: what the notebook needs on CPUs it passes itself, so these runs are a user's
+    # (tests/test_unsloth_notebook.py checks that the 2 ranks train as one job, and resume).
     NotebookCase(
         "notebooks/unsloth/ddp_llama_3_2_3b.ipynb",
         parameters={**UNSLOTH_SMOKE, "num_gpus": None},
+        cpu_fixes=False,
         expect={
             "world_size": ("==", 2),
             "final_loss_vs_initial": ("<", 0.97),
@@ -318,6 +323,7 @@ CASES = [
         "notebooks/unsloth/ddp_llama_3_2_3b.ipynb",
         parameters={**UNSLOTH_SMOKE, "num_gpus": 1, "max_steps": 8,
                     "config": {"gradient_accumulation_steps": 1, "save_steps": 100, "warmup_steps": 2}},
+        cpu_fixes=False,
         expect={"world_size": ("==", 1), "final_loss_vs_initial": ("<", 0.97)},
         files=("adapter/adapter_model.safetensors",),
         timeout=300,

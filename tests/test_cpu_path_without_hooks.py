@@ -1,7 +1,9 @@
 """What a user without a GPU sees when opening a Hugging Face notebook: each runs here *without* tests/hooks (no CPU
 fix of TRL, accelerate or DeepSpeed), as on a laptop (issue 40). TRL 1.15's SFT loss is a Triton kernel that needs a
-GPU (cpu_fixes.py lists what the other tests patch, and why), so these notebooks stop before loading anything, with
-one line that says what to do."""
+GPU (cpu_fixes.py lists what the other tests patch, and why), so the TRL and DeepSpeed notebooks stop before loading
+anything, with one line that says what to do. The Unsloth notebook passes what it needs on CPUs itself and trains
+as 2 CPU processes of one DDP job: its runs are all without tests/hooks, and tests/test_unsloth_notebook.py checks
+there, on the smoke run it shares, that the 2 ranks trained as one job (and that a killed run resumes)."""
 import os
 from concurrent.futures import ThreadPoolExecutor
 from unittest import mock

@@ -1,17 +1,21 @@
-"""notebooks/unsloth/ddp_llama_3_2_3b.ipynb: its smoke cases; every rank imports Unsloth before Transformers; the
-merged model gives base + adapter's logits; a run killed after its first checkpoint resumes, on a rerun of the same
-command, to exactly the losses of the uninterrupted run; a model that cannot be found is named before any rank starts.
+"""notebooks/unsloth/ddp_llama_3_2_3b.ipynb: its smoke cases; without a GPU and without tests/hooks, its 2 CPU
+processes train as one job; every rank imports Unsloth before Transformers; the merged model gives base + adapter's
+logits; a run killed after its first checkpoint resumes, on a rerun of the same command, to exactly the losses of the
+uninterrupted run; a model that cannot be found is named before any rank starts.
 
 The uninterrupted run is the 2-rank smoke case itself (the notebook_run fixture runs it once per session). The kill
 is real: the `kill_rank_after_checkpoint` test hook SIGKILLs the last rank once the Trainer's first checkpoint is
-sealed.
+sealed. Every run here is without the tests' CPU fixes (the cases' cpu_fixes=False): the smoke run and the resumed
+one start their kernels without tests/hooks, as a user's; the killed run gets the kill hook alone.
 """
 import dataclasses
+import os
 
 import papermill
 import pytest
 import torch
-from harness import assert_case_passes, case_ids, hook_records, output_text, run_notebook
+from harness import (HOOKS, REPO, assert_case_passes, case_ids, declared_parameters, hook_records, hooks_in_kernel,
+                     output_text, run_notebook)
 from notebook_cases import CASES, NotebookCase
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -27,6 +31,25 @@ pytestmark = pytest.mark.notebook
 @pytest.mark.parametrize("case", MINE, ids=case_ids(MINE))
 def test_notebook_meets_its_expectations(case, notebook_run):
     assert_case_passes(case, notebook_run)
+
+
+def test_without_a_gpu_the_unsloth_notebook_trains_as_one_job_of_two_ranks(notebook_run, tmp_path):
+    """Without GPUs accelerate joins CPU processes into one job only with `use_cpu`; else each trains alone on the
+    whole dataset and ends with the same adapter as the other (equal adapters prove nothing), and each, its own rank
+    0, answers and exports. A resumed run also needs the device `cpu`, not accelerate's `cpu:0`
+    (ACCELERATE_TORCH_DEVICE): the notebook sets both itself, so its runs here are without tests/hooks."""
+    assert SMOKE.parameters["num_gpus"] is None and not SMOKE.cpu_fixes and not SMOKE.hooks
+    with hooks_in_kernel((), tmp_path, cpu_fixes=False):  # the kernel papermill starts for the run
+        assert str(HOOKS) not in os.environ["PYTHONPATH"].split(os.pathsep)
+    metrics, _, _ = notebook_run(SMOKE)
+    assert metrics["world_size"] == 2 and len(set(metrics["adapter_fingerprint"])) == 1
+    assert metrics["reply"][0] and metrics["reply"][1] is None, "rank 1 answered: it was rank 0 of a job of its own"
+    # the Trainer's epoch (logged to MLflow): each of the 20 steps took a batch of 2 conversations from each rank
+    conversations = len((REPO / "data/finetome/train.jsonl").read_text().splitlines())
+    per_rank = int(declared_parameters(REPO / SMOKE.notebook)["per_device_train_batch_size"]["default"])
+    per_step = 2 * per_rank * SMOKE.parameters["config"]["gradient_accumulation_steps"]
+    assert metrics["mlflow"]["metrics"]["epoch"] == pytest.approx(SMOKE.parameters["max_steps"] * per_step
+                                                                  / conversations)
 
 
 def test_every_rank_imports_unsloth_before_transformers_and_peft(notebook_run):
@@ -63,7 +86,7 @@ def test_killed_run_resumes_to_the_same_losses(tmp_path, standin, notebook_run):
     assert kill["rank"] == 1 and kill["path"].endswith("checkpoint-10"), kill
     checkpoints.verify(kill["path"])  # sealed before the kill: the one to resume from
 
-    resumed, _ = run_notebook(SMOKE, tmp_path, standin)  # (its hook-free twin)  # the same command again, into the same output_dir
+    resumed, _ = run_notebook(SMOKE, tmp_path, standin)  # the same command again, into the same output_dir (no hooks)
     assert [r.rsplit("/", 1)[-1] for r in resumed["resumed_from"]] == ["checkpoint-10", "checkpoint-10"]
     assert resumed["losses"] == uninterrupted["losses"], "resuming must reproduce the uninterrupted run exactly"
 

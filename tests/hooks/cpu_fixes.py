@@ -4,13 +4,20 @@ A user without a GPU gets none of this: the TRL and DeepSpeed notebooks stop bef
 saying they need a GPU (`nbhelpers.hf.check_trl_loss_runs_here`, tests/test_cpu_path_without_hooks.py runs them
 without these fixes). The tests still train those notebooks' code on 2 CPU processes, under the four fixes below,
 so that resuming, merging, sealing and tracking are tested on every commit; each is applied through
-tests/hooks/sitecustomize.py in every process the tests start, only when no GPU is visible. What would remove each:
+tests/hooks/sitecustomize.py in every process the tests start, only when no GPU is visible (and not where
+COOKBOOK_CPU_FIXES=0). The Unsloth notebook needs none of them: it passes what it needs on CPUs itself (`use_cpu`,
+ACCELERATE_TORCH_DEVICE=cpu, as fix 1 explains) and its cases run without them (notebook_cases.py: cpu_fixes=False).
+What would remove each:
 
 1. accelerate (under the Trainer) treats processes started like torchrun as one distributed job only on GPU-like
    devices; on CPUs, unless `use_cpu=True` is passed, each process silently trains alone, and with `use_cpu=True`
-   each rank's device is `cpu:RANK`, which torch.load cannot map a checkpoint to (a resume fails). Here CPU processes
-   with the torchrun environment form one gloo job on plain `cpu`. Removed by accelerate treating LOCAL_RANK on CPUs
-   as it does on GPUs, with the device `cpu` (no upstream issue found; accelerate 1.15).
+   each rank's device is `cpu:0`, onto which the Trainer loads the optimizer's state when more than one rank resumes
+   (`map_location=args.device`), and torch.load knows no location `cpu:0` ("don't know how to restore data
+   location"); the setting ACCELERATE_TORCH_DEVICE=cpu gives the device `cpu` instead. The Unsloth notebook passes
+   both openly; the TRL and DeepSpeed notebooks, which refuse to run on a user's CPUs, pass neither, so here CPU
+   processes with the torchrun environment form one gloo job on plain `cpu`. Removed by accelerate treating
+   LOCAL_RANK on CPUs as it does on GPUs, with the device `cpu` (no upstream issue found; accelerate 1.15), or, for
+   the TRL notebooks, by their passing the same two settings once they run on CPUs (fix 2).
 2. TRL 1.15 computes the SFT loss (and its logged entropy and accuracy) with a Triton kernel
    (`trl.kernels.ChunkedLogProbFunction`), and Triton needs a GPU ("0 active drivers"; its interpreter,
    TRITON_INTERPRET=1, is right but takes seconds per 512 tokens). Replaced by the same computation in plain PyTorch

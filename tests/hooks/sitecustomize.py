@@ -1,6 +1,7 @@
 """In every Python process started with this folder first on PYTHONPATH (the tests' harness puts it there for
 the notebooks' kernels and the recipes' processes): the CPU fixes of TRL, accelerate and DeepSpeed (cpu_fixes.py:
-they act only without a visible GPU), and the test hooks named in COOKBOOK_TEST_HOOKS (cookbook_hooks.py).
+they act only without a visible GPU, and not where COOKBOOK_CPU_FIXES=0), and the test hooks named in
+COOKBOOK_TEST_HOOKS (cookbook_hooks.py).
 
 Python imports one module named sitecustomize, the first on sys.path: this one then runs the one it
 shadows, if there is one, so the environment's own start-up code still runs.
@@ -10,9 +11,11 @@ import sys
 
 from after_import import when_imported
 
-# cpu_fixes (it imports torch: only once a module it patches is imported); the names are cpu_fixes.FIXES' keys
-for _module in ("accelerate.state", "trl.trainer.utils", "deepspeed.comm.torch"):
-    when_imported(_module, lambda module: __import__("cpu_fixes").apply_without_gpus(module))
+# cpu_fixes (it imports torch: only once a module it patches is imported); the names are cpu_fixes.FIXES' keys.
+# COOKBOOK_CPU_FIXES=0 leaves them out: a notebook run as a user's, with test hooks only (harness.hooks_in_kernel)
+if os.environ.get("COOKBOOK_CPU_FIXES") != "0":
+    for _module in ("accelerate.state", "trl.trainer.utils", "deepspeed.comm.torch"):
+        when_imported(_module, lambda module: __import__("cpu_fixes").apply_without_gpus(module))
 
 if os.environ.get("COOKBOOK_TEST_HOOKS"):
     import cookbook_hooks
