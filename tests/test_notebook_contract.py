@@ -123,10 +123,11 @@ def parameters_not_read_first(path) -> list[str]:
 
 
 def recipe_flags(recipe) -> set:
-    """The keys of a recipe's config.yaml and the --flags of its scripts' argparse parsers (hidden ones aside)."""
+    """The keys of a recipe's config files and the --flags of its scripts' argparse parsers (hidden ones aside);
+    workload.yaml is Databricks' job description, whose keys are the platform's, not settings."""
     folder = REPO / "recipes" / recipe
     flags = set()
-    for config in folder.glob("*.yaml"):
+    for config in set(folder.glob("*.yaml")) - {folder / "workload.yaml"}:
         flags |= set(yaml.safe_load(config.read_text()) or {})
     for script in folder.glob("*.py"):
         for node in ast.walk(ast.parse(script.read_text())):
