@@ -82,7 +82,11 @@ def test_ray_qwen2_5_3b_resumes_from_its_checkpoint_after_a_worker_is_killed_and
     assert [h["step"] for h in metrics["history"]] == [5, 10, 15, 20, 25, 30]  # each once, across the restart
     assert metrics["worker_group_starts"] == [0, 10]  # the second group began at step 10's checkpoint, not at 0
     assert metrics["final_loss"] < 0.6 * metrics["initial_loss"], metrics["losses"]
-    assert metrics["tokens_per_s"] > 0
+    # tokens/s is every worker's tokens of the timed steps over their seconds: the second group's steps 13..30 (after
+    # its 2 warm-up steps from step 10), each 2 workers x 4 packed blocks of 128 tokens.
+    assert metrics["timed_steps"] == 30 - 10 - 2, metrics["history"]
+    assert metrics["tokens_per_s"] * metrics["timed_seconds"] == pytest.approx(18 * 2 * 4 * 128, rel=1e-6), metrics
+    assert 0 < metrics["timed_seconds"] < metrics["wall_s"], metrics
     saved = Path(metrics["checkpoint"])
     assert (saved / "config.json").exists() and (saved / "model.safetensors").exists()
     assert checkpoints.verify(saved) == {"step": 30, "final_model": True}  # Ray's copy of what rank 0 sealed

@@ -186,14 +186,15 @@ def train_loop_per_worker(config: dict) -> list[dict]:
                 steps_logged = step - (history[-1]["step"] if history else 0)
                 if dist.is_initialized():
                     dist.all_reduce(loss_sum)  # the mean over every worker's batches
-                tokens_per_s = None
+                tokens_per_s = timed_steps = timed_seconds = None
                 if timed_from and step > timed_from[0]:
                     if device.type == "cuda":
                         torch.cuda.synchronize(device)
-                    tokens_per_s = (step - timed_from[0]) * tokens_per_step / (time.perf_counter() - timed_from[1])
+                    timed_steps, timed_seconds = step - timed_from[0], time.perf_counter() - timed_from[1]
+                    tokens_per_s = timed_steps * tokens_per_step / timed_seconds
                 metrics = {"step": step, "loss": loss_sum.item() / steps_logged / world_size,
                            "grad_norm": grad_norm.item(), "tokens_per_s": tokens_per_s, "world_size": world_size,
-                           "started_at_step": started_at}
+                           "started_at_step": started_at, "timed_steps": timed_steps, "timed_seconds": timed_seconds}
                 if device.type == "cuda":
                     metrics["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device)
                 history.append(metrics)
@@ -234,7 +235,8 @@ def report(args, result, use_gpu: bool, wall_s: float, tracking) -> None:
 
     history = result.return_value  # rank 0's list of logged steps
     losses = [h["loss"] for h in history]
-    timed = [h["tokens_per_s"] for h in history if h["tokens_per_s"]]
+    timed = [h for h in history if h["tokens_per_s"]]  # each: since this worker group's warm-up, to its step
+    last = timed[-1] if timed else {}
     saved = None
     if result.checkpoint:
         saved = Path(result.checkpoint.path)
@@ -244,7 +246,8 @@ def report(args, result, use_gpu: bool, wall_s: float, tracking) -> None:
         world_size=history[-1]["world_size"], use_gpu=use_gpu, max_length=args.max_length,
         per_device_train_batch_size=args.per_device_train_batch_size, max_steps=args.max_steps, history=history,
         losses=losses, initial_loss=losses[0], final_loss=losses[-1],
-        tokens_per_s=timed[-1] if timed else None,  # mean over the steps after the warm-up
+        tokens_per_s=last.get("tokens_per_s"),  # every worker's tokens of the timed steps over their seconds:
+        timed_steps=last.get("timed_steps"), timed_seconds=last.get("timed_seconds"),  # the steps after the warm-up
         peak_memory_bytes=history[-1].get("peak_memory_bytes"),  # rank 0's
         checkpoint=str(saved) if saved else None, wall_s=wall_s,
         worker_group_starts=sorted({h["started_at_step"] for h in history}),
@@ -254,7 +257,7 @@ def report(args, result, use_gpu: bool, wall_s: float, tracking) -> None:
                              step=h["step"])
     if saved:
         log_causal_lm(tracking, saved)
-    rate = f"{timed[-1]:,.0f} tokens/s" if timed else "no timed steps"
+    rate = f"{last['tokens_per_s']:,.0f} tokens/s" if timed else "no timed steps"
     print(f"final: loss {losses[0]:.4f} -> {losses[-1]:.4f}, {rate} on {history[-1]['world_size']} workers -> {path}")
 
 
