@@ -191,7 +191,8 @@ CASES = [
                     "dataset_name": "{data}/alpaca", "max_length": 64, "per_device_train_batch_size": 2,
                     "learning_rate": 0.001, "timing_warmup_steps": 1, "timed_steps": 2, "dataloader_num_workers": 1,
                     "max_steps": 10, "save_steps": 4},
-        expect={"world_size": ("==", 2), "final_loss": ("<", ("initial_loss", 0.9)), "tokens_per_s": (">", 0)},
+        # (its tokens/s against the seconds it counts: tests/test_performance_and_resilience.py)
+        expect={"world_size": ("==", 2), "final_loss": ("<", ("initial_loss", 0.9))},
         files=("profile/rank0.pt.trace.json", "profile/rank1.pt.trace.json", "knobs.png"),
         timeout=300,
         output_contains=("[rank 0]", "resuming from"),

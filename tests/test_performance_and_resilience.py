@@ -33,7 +33,16 @@ def test_every_knob_is_measured_with_two_ranks(guide):
         "baseline (FSDP2, bf16, eager)", "fp32 instead of bf16", "activation checkpointing", "2x batch size",
         "FSDP2 reshard_after_forward=False", "DDP instead of FSDP2", "DataLoader: 0 workers, pageable memory",
         "torch.compile"]
-    assert all(k["tokens_per_s"] > 0 for k in metrics["knobs"])
+    # tokens/s is all ranks' tokens of the timed steps over rank 0's seconds of them: 2 steps x 2 ranks x the row's
+    # batch x 64 tokens. Counting one rank's tokens, or the warm-up's seconds, fails this.
+    for k in metrics["knobs"]:
+        batch = 2 * 2 if k["change"] == "2x batch size" else 2
+        assert k["tokens_per_s"] * k["timed_s"] == pytest.approx(2 * 2 * batch * 64, rel=1e-6), k
+
+
+def test_the_profiled_throughput_counts_the_timed_steps(guide):
+    metrics, _ = guide
+    assert metrics["tokens_per_s"] * metrics["timed_s"][0] == pytest.approx(2 * 2 * 2 * 64, rel=1e-6), metrics
 
 
 def test_the_failed_rank_is_named_and_the_rerun_resumes_to_the_same_losses(guide):
