@@ -166,7 +166,8 @@ CASES = [
         parameters={"output_dir": "{output_dir}", "num_gpus": None, "dataset_name": "{dataset:detection}",
                     "image_size": 96, "per_device_train_batch_size": 2, "num_train_epochs": 1, "max_train_samples": 120,
                     "learning_rate": 0.02, "dataloader_num_workers": 0, "max_eval_samples": 16},
-        expect={"world_size": ("==", 2), "images_per_s": (">", 0), "val_map": (">=", 0)},
+        # (images/s against the seconds it counts: tests/test_retinanet_notebook.py)
+        expect={"world_size": ("==", 2), "val_map": (">=", 0)},
         timeout=240,
         output_contains=("[rank 0]", "weights identical on all 2 ranks: True", "validation mAP", "on 16 images"),
     ),

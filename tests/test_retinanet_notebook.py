@@ -18,7 +18,7 @@ ONE_RANK = {"output_dir": "{output_dir}", "num_gpus": 1, "dataset_name": "{datas
 EXPECT = {
     "world_size": ("==", 1),
     "mlflow.params.per_device_train_batch_size": ("==", "2"),
-    "mlflow.metrics.images_per_s": (">", 0),
+    "mlflow.metrics.images_per_s": ("==", ("images_per_s", 1)),  # what metrics.json holds
     **LOADABLE_MLFLOW_MODEL,
 }
 
@@ -38,6 +38,13 @@ def test_two_ranks_lower_the_loss(notebook_run):
     assert sum(losses[-tenth:]) / sum(losses[:tenth]) < 0.88, "the mean loss of the last tenth against the first"
 
 
+def test_images_per_s_counts_every_ranks_timed_images(notebook_run):
+    metrics, _, _ = notebook_run(MINE[0])
+    # 30 steps a rank, timed from the 6th: 25 steps x 2 images x 2 ranks over rank 0's timed seconds (one rank's
+    # images, or every step's, fail this)
+    assert metrics["images_per_s"] * metrics["train_s"][0] == pytest.approx(25 * 2 * 2, rel=1e-6), metrics
+
+
 def run(workdir, hooks=(), expect=None):
     case = NotebookCase(NOTEBOOK, parameters=ONE_RANK, expect=expect or {}, timeout=300, hooks=hooks)
     metrics, executed = run_notebook(case, workdir)
@@ -55,6 +62,8 @@ def test_one_rank_has_nothing_to_compare_and_its_model_is_in_mlflow(uninterrupte
     assert not failures, "; ".join(failures)
     assert "one rank: it holds the only copy of the weights and scored every validation image itself" in text
     assert "validation mAP" in text and "on 2 images" in text
+    # 2 epochs of 6 steps, the 6th of each timed: 2 steps x 2 images
+    assert metrics["images_per_s"] * metrics["train_s"][0] == pytest.approx(2 * 2, rel=1e-6), metrics
 
 
 def test_run_killed_in_its_second_epoch_resumes_from_the_first_to_the_same_losses(tmp_path, uninterrupted):
