@@ -94,25 +94,27 @@ def config_with_overrides(config: str | Path, overrides: str | Path) -> Path:
 
 def parse_args(recipe_dir: str | Path, description: str, argv=None, hidden: dict | None = None) -> argparse.Namespace:
     """The recipe's settings: RECIPE_DIR/config.yaml, then `--config FILE` (YAML/JSON, any subset of its keys),
-    then `--key value` flags (`--bf16` alone means true). `hidden`: extra flags for tests, not shown in --help."""
+    then `--key value` flags (`--bf16` alone means true). `hidden`: extra settings for tests, not shown in --help (a
+    --config file may hold them too: the tests give a workload's parameters, HYPERPARAMETERS_PATH, that way)."""
     recipe_config = load_config_file(Path(recipe_dir) / "config.yaml")
+    hidden = hidden or {}
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config")
     given = pre.parse_known_args(argv)[0].config
-    settings = dict(recipe_config)
+    settings = {**recipe_config, **hidden}
     if given:
         settings.update(load_config_file(given))
-        unknown = sorted(set(settings) - set(recipe_config))
+        unknown = sorted(set(settings) - set(recipe_config) - set(hidden))
         if unknown:
             raise SystemExit(f"{given}: unknown setting(s) {unknown}; this recipe's settings are {sorted(recipe_config)}")
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--config", help="YAML/JSON file of settings (any of the keys below), applied before the flags")
-    for key, value in settings.items():
-        extra = {"nargs": "?", "const": True} if isinstance(recipe_config[key], bool) else {}
-        parser.add_argument(f"--{key}", type=_flag_type(recipe_config[key]), default=value, help=f"default: {value!r}",
-                            **extra)
-    for key, value in (hidden or {}).items():
-        parser.add_argument(f"--{key}", type=_flag_type(value), default=value, help=argparse.SUPPRESS)
+    for key, default in recipe_config.items():
+        value = settings[key]
+        extra = {"nargs": "?", "const": True} if isinstance(default, bool) else {}
+        parser.add_argument(f"--{key}", type=_flag_type(default), default=value, help=f"default: {value!r}", **extra)
+    for key, default in hidden.items():
+        parser.add_argument(f"--{key}", type=_flag_type(default), default=settings[key], help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -360,16 +362,23 @@ def mlflow_run(experiment: str, output_dir: str | Path, tracking_uri: str | None
         return
     import mlflow
 
-    platform_run = os.environ.get("MLFLOW_RUN_ID")
-    if platform_run:
-        mlflow.set_tracking_uri(mlflow_tracking_uri(output_dir, tracking_uri))
-        run = mlflow.start_run(run_id=platform_run, log_system_metrics=True)
-    else:
-        mlflow_experiment(experiment, mlflow_tracking_uri(output_dir, tracking_uri))
-        run = mlflow.start_run(run_name=Path(output_dir).name, log_system_metrics=True)
-    with run:
-        mlflow.log_params({key: value for key, value in params.items() if key != "config"})
-        yield mlflow
+    # Taken out of the environment while the run is active (as mlflow.start_run() does when it reads it itself):
+    # transformers' MLflowCallback (TRL's report_to: mlflow) starts a run of MLFLOW_RUN_ID when it is set, which fails
+    # with "Run ... is already active"; without it, the callback logs into the active run.
+    platform_run = os.environ.pop("MLFLOW_RUN_ID", None)
+    try:
+        if platform_run:
+            mlflow.set_tracking_uri(mlflow_tracking_uri(output_dir, tracking_uri))
+            run = mlflow.start_run(run_id=platform_run, log_system_metrics=True)
+        else:
+            mlflow_experiment(experiment, mlflow_tracking_uri(output_dir, tracking_uri))
+            run = mlflow.start_run(run_name=Path(output_dir).name, log_system_metrics=True)
+        with run:
+            mlflow.log_params({key: value for key, value in params.items() if key != "config"})
+            yield mlflow
+    finally:
+        if platform_run:
+            os.environ["MLFLOW_RUN_ID"] = platform_run
 
 
 def log_causal_lm(tracking, model_dir: str | Path) -> None:

@@ -1,8 +1,8 @@
-"""The two Ray Train recipes, run as their READMEs say (`python recipes/<recipe>/train.py --num_workers 2`) on
-a 2-node Ray cluster on 127.0.0.1 with one CPU per node (tests/ray_cluster.py), so the two workers always land
-on two different nodes. Tiny sizes; the GPU figures are in benchmarks/results/ray/."""
-import json
-import subprocess
+"""The two Ray Train recipes, run as Databricks' AI Runtime runs them: their workload.yaml's command (`python
+recipes/<recipe>/train.py --config "$HYPERPARAMETERS_PATH" --num_workers "$LOCAL_WORLD_SIZE"`, as the READMEs say) with
+the platform's variables for one node (tests/workload_runs.py), joining a 2-node Ray cluster on 127.0.0.1 with one CPU
+per node (tests/ray_cluster.py, RAY_ADDRESS), so the two workers always land on two different nodes. Tiny sizes; the
+GPU figures are in benchmarks/results/ray/."""
 import sys
 from pathlib import Path
 
@@ -10,6 +10,7 @@ import pytest
 import torch
 from mlflow_runs import assert_logged_text_generator, load_logged_model, tracked_runs
 from ray_cluster import start_loopback_cluster, stop_loopback_cluster
+from workload_runs import run_workload, workload
 
 from nbhelpers import checkpoints
 
@@ -32,20 +33,21 @@ def ray_cluster():
         stop_loopback_cluster(cluster)
 
 
-def run_recipe(recipe: str, args: list, env: dict, output_dir: Path, timeout: int) -> dict:
-    proc = subprocess.run([sys.executable, str(REPO / "recipes" / recipe / "train.py"), *map(str, args),
-                           "--num_workers", "2", "--output_dir", str(output_dir)],
-                          env={**env, **RECIPE_TEST_SETTINGS}, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"{recipe} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
-    return json.loads((output_dir / "metrics.json").read_text())
+def run_recipe(recipe: str, settings: dict, env: dict, tmp_path: Path, timeout: int) -> tuple[dict, object]:
+    """The workload's command with SETTINGS as its parameters, 2 workers (LOCAL_WORLD_SIZE), output in tmp_path/out
+    and Ray Train's checkpoints under it (as on the Volume); (its metrics.json, the platform's MLflow run it logged
+    into)."""
+    output_dir = tmp_path / "out"
+    return run_workload(recipe, {**settings, "output_dir": output_dir, "storage_path": output_dir / "ray_results"},
+                        tmp_path, env={**env, **RECIPE_TEST_SETTINGS}, local_world_size=2, timeout=timeout)
 
 
 def test_ray_resnet50_resumes_from_its_last_checkpoint_after_a_worker_is_killed_and_its_loss_falls(ray_cluster, tmp_path):
     images = make_image_folders(tmp_path / "images", train_per_class=16, val_per_class=4, size=32)
-    metrics = run_recipe("ray_resnet50", [
-        "--dataset_name", images, "--weights", "none", "--num_train_epochs", 3, "--per_device_train_batch_size", 16,
-        "--image_size", 32, "--dataloader_num_workers", 0, "--fail_once_at_epoch", 1,
-    ], ray_cluster, tmp_path / "out", timeout=600)
+    metrics, platform_run = run_recipe("ray_resnet50", {
+        "dataset_name": images, "weights": "none", "num_train_epochs": 3, "per_device_train_batch_size": 16,
+        "image_size": 32, "dataloader_num_workers": 0, "fail_once_at_epoch": 1,
+    }, ray_cluster, tmp_path, timeout=600)
     assert metrics["killed_worker"], "the test hook did not kill a worker"
     epochs = metrics["epochs"]
     assert [e["epoch"] for e in epochs] == [0, 1, 2], "an epoch ran twice or not at all: not resumed from the checkpoint"
@@ -64,7 +66,9 @@ def test_ray_resnet50_resumes_from_its_last_checkpoint_after_a_worker_is_killed_
     # Ray's copies of the sealed checkpoints verify; save_total_limit 2 kept the last two epochs.
     kept = sorted((tmp_path / "out" / "ray_results" / "ray_resnet50").glob("checkpoint_*/"))
     assert [checkpoints.verify(folder)["epoch"] for folder in kept] == [1, 2]
-    [run] = tracked_runs(tmp_path, "ray_resnet50", {"learning_rate": "0.001", "num_workers": "2"}, "train_loss")
+    [run] = tracked_runs(tmp_path, workload("ray_resnet50")["experiment_name"], {"learning_rate": "0.001",
+                                                                                 "num_workers": "2"}, "train_loss")
+    assert run.info.run_id == platform_run.info.run_id
     info, model = load_logged_model(tmp_path, run, "pytorch")
     assert info.signature is not None
     assert model(torch.randn(1, 3, 32, 32)).shape == (1, 10)
@@ -72,11 +76,11 @@ def test_ray_resnet50_resumes_from_its_last_checkpoint_after_a_worker_is_killed_
 
 def test_ray_qwen2_5_3b_resumes_from_its_checkpoint_after_a_worker_is_killed_and_lowers_the_loss(ray_cluster, standin,
                                                                                                tmp_path):
-    metrics = run_recipe("ray_qwen2_5_3b", [
-        "--model_name_or_path", standin("qwen2.5-3b"), "--dataset_name", REPO / "data" / "alpaca",
-        "--max_length", 128, "--max_steps", 30, "--learning_rate", 2e-3, "--logging_steps", 5,
-        "--timing_warmup_steps", 2, "--save_steps", 10, "--fail_once_at_step", 12,
-    ], ray_cluster, tmp_path / "out", timeout=600)
+    metrics, platform_run = run_recipe("ray_qwen2_5_3b", {
+        "model_name_or_path": standin("qwen2.5-3b"), "dataset_name": REPO / "data" / "alpaca",
+        "max_length": 128, "max_steps": 30, "learning_rate": 2e-3, "logging_steps": 5,
+        "timing_warmup_steps": 2, "save_steps": 10, "fail_once_at_step": 12,
+    }, ray_cluster, tmp_path, timeout=600)
     assert metrics["killed_worker"], "the test hook did not kill a worker"
     assert metrics["world_size"] == 2
     assert [h["step"] for h in metrics["history"]] == [5, 10, 15, 20, 25, 30]  # each once, across the restart
@@ -91,5 +95,7 @@ def test_ray_qwen2_5_3b_resumes_from_its_checkpoint_after_a_worker_is_killed_and
     assert (saved / "config.json").exists() and (saved / "model.safetensors").exists()
     assert checkpoints.verify(saved) == {"step": 30, "final_model": True}  # Ray's copy of what rank 0 sealed
 
-    [run] = tracked_runs(tmp_path, "ray_qwen2_5_3b", {"learning_rate": "0.002", "max_length": "128"}, "loss")
+    [run] = tracked_runs(tmp_path, workload("ray_qwen2_5_3b")["experiment_name"], {"learning_rate": "0.002",
+                                                                                   "max_length": "128"}, "loss")
+    assert run.info.run_id == platform_run.info.run_id
     assert_logged_text_generator(tmp_path, run)

@@ -1,5 +1,7 @@
 """The command-line recipes, launched as their users launch them: two torchrun agents (two "nodes", one
-process each) meeting through a c10d rendezvous on 127.0.0.1, on CPU with tiny stand-ins."""
+process each) meeting through a c10d rendezvous on 127.0.0.1, on CPU with tiny stand-ins; and as Databricks' AI
+Runtime launches them, their workload.yaml's command on one node of 2 processes (tests/workload_runs.py): each
+recipe's first run is that one, and a rerun on two nodes resumes from its checkpoints."""
 from __future__ import annotations
 
 import argparse
@@ -18,6 +20,7 @@ import pytest
 import torch
 
 from mlflow_runs import assert_logged_text_generator, tracked_runs
+from workload_runs import run_workload, workload
 
 from nbhelpers import checkpoints
 from nbhelpers.engine_core import free_port
@@ -74,9 +77,10 @@ def run_two_nodes(recipe: str, args: list, workdir: Path, timeout: float = 240) 
     return json.loads((workdir / "out" / "metrics.json").read_text())
 
 
-def assert_sharded_over_both_nodes(metrics: dict) -> None:
-    assert metrics["world_size"] == 2 and metrics["nodes"] == 2
-    assert sorted(r["node_rank"] for r in metrics["ranks"]) == [0, 1]
+def assert_sharded_over_both_nodes(metrics: dict, nodes: int = 2) -> None:
+    """2 ranks, on 2 nodes (one each) or, as a workload's run on one node (nodes=1), both on node 0."""
+    assert metrics["world_size"] == 2 and metrics["nodes"] == nodes
+    assert sorted(r["node_rank"] for r in metrics["ranks"]) == ([0, 1] if nodes == 2 else [0, 0])
     shards, total = metrics["local_shard_numel"], metrics["parameters"]
     for shard in shards:  # each rank holds about half of the parameters (padding and rounding aside)
         assert 0.4 * total < shard < 0.6 * total, (shards, total)
@@ -109,20 +113,25 @@ def load_recipe_module(recipe: str, name: str):
 # --------------------------------------------------------------------------------------------------
 # FSDP (FSDP1) Llama-3.1-8B
 # --------------------------------------------------------------------------------------------------
-def test_fsdp_llama_two_nodes_shards_trains_saves_full_model_and_resumes_from_its_checkpoint(tmp_path, standin):
+def test_fsdp_llama_workload_shards_trains_saves_full_model_and_two_nodes_resume_from_its_checkpoint(tmp_path,
+                                                                                                    standin):
     model = standin("llama-3.1-8b")
-    command = ["--model_name_or_path", model, "--dataset_name", DATA / "alpaca", "--output_dir", tmp_path / "out",
-               "--max_steps", 14, "--per_device_train_batch_size", 4, "--gradient_accumulation_steps", 2,
-               "--learning_rate", 3e-3, "--warmup_steps", 2, "--logging_steps", 4, "--save_steps", 8]
-    metrics = run_two_nodes("fsdp_llama_3_1_8b_multinode", command, tmp_path)
-    assert_sharded_over_both_nodes(metrics)
+    settings = {"model_name_or_path": model, "dataset_name": DATA / "alpaca", "output_dir": tmp_path / "out",
+                "max_steps": 14, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2,
+                "learning_rate": 3e-3, "warmup_steps": 2, "logging_steps": 4, "save_steps": 8}
+    # The first run: workload.yaml's command on one node of 2 processes, logging into the platform's MLflow run.
+    metrics, platform_run = run_workload("fsdp_llama_3_1_8b_multinode", settings, tmp_path)
+    assert_sharded_over_both_nodes(metrics, nodes=1)
     assert metrics["final_loss"] < 0.75 * metrics["initial_loss"], metrics["losses"]
     assert_tokens_per_s_counts_the_timed_samples(metrics, timed_samples=(14 - 2) * 4 * 2 * 2, max_length=1024)
     assert metrics["resumed_from_step"] is None and [Path(c).name for c in metrics["checkpoints"]] == ["step_0000008"]
 
-    # The same command again (as after a failure): it resumes at step 8 and redoes steps 9..14 on the same data.
+    # The same settings again on two nodes (as after a failure): they resume at step 8 and redo steps 9..14 on the
+    # same data.
     (tmp_path / "out" / "final_model").rename(tmp_path / "first_final_model")
+    command = [word for key, value in settings.items() for word in (f"--{key}", value)]
     again = run_two_nodes("fsdp_llama_3_1_8b_multinode", command, tmp_path)
+    assert_sharded_over_both_nodes(again)
     assert again["resumed_from_step"] == 8
     assert again["losses"][:8] == metrics["losses"][:8]
     assert again["losses"][8:] == pytest.approx(metrics["losses"][8:], abs=2e-3)
@@ -137,7 +146,12 @@ def test_fsdp_llama_two_nodes_shards_trains_saves_full_model_and_resumes_from_it
     assert not torch.equal(saved.model.layers[0].mlp.up_proj.weight, original.model.layers[0].mlp.up_proj.weight)
     checkpoints.verify(metrics["saved_model"])  # rank 0 sealed what it wrote
 
-    runs = tracked_runs(tmp_path, "fsdp_llama_3_1_8b_multinode", {"learning_rate": "0.003"}, "loss")
+    # The workload's run in the platform's MLflow run, the rerun in a run of its own (both in the store beside
+    # output_dir).
+    params = {"learning_rate": "0.003"}
+    runs = [*tracked_runs(tmp_path, workload("fsdp_llama_3_1_8b_multinode")["experiment_name"], params, "loss"),
+            *tracked_runs(tmp_path, "fsdp_llama_3_1_8b_multinode", params, "loss")]
+    assert runs[0].info.run_id == platform_run.info.run_id
     assert [r.data.metrics["final_loss"] for r in runs] == pytest.approx([metrics["final_loss"], again["final_loss"]])
     assert_logged_text_generator(tmp_path, runs[0])
 
@@ -145,30 +159,41 @@ def test_fsdp_llama_two_nodes_shards_trains_saves_full_model_and_resumes_from_it
 # --------------------------------------------------------------------------------------------------
 # FSDP2 Qwen3: packing, distributed checkpoint and resume
 # --------------------------------------------------------------------------------------------------
+def fsdp2_settings(model, output_dir, steps, **extra) -> dict:
+    return {"model_name_or_path": model, "dataset_name": DATA / "capybara", "dataset_train_split": "train",
+            "output_dir": output_dir, "max_length": 256, "per_device_train_batch_size": 2, "max_steps": steps,
+            "learning_rate": 3e-3, "warmup_steps": 2, "torch_compile": False, "save_final_model": False,
+            "logging_steps": 4, "timing_warmup_steps": 2, **extra}
+
+
 def fsdp2_args(model, output_dir, steps, *extra):
-    return ["--model_name_or_path", model, "--dataset_name", DATA / "capybara", "--dataset_train_split", "train",
-            "--output_dir", output_dir,
-            "--max_length", 256, "--per_device_train_batch_size", 2, "--max_steps", steps, "--learning_rate", 3e-3,
-            "--warmup_steps", 2, "--torch_compile", "false", "--save_final_model", "false", "--logging_steps", 4,
-            "--timing_warmup_steps", 2, *extra]
+    flags = [word for key, value in fsdp2_settings(model, output_dir, steps).items() for word in (f"--{key}", value)]
+    return [str(word).lower() if isinstance(word, bool) else word for word in flags] + list(extra)
 
 
-def test_fsdp2_qwen3_two_nodes_resumes_from_its_distributed_checkpoint(tmp_path, standin):
+def test_fsdp2_qwen3_workload_and_two_nodes_resuming_from_its_distributed_checkpoint(tmp_path, standin):
     model = standin("qwen3-0.6b")
-    first = run_two_nodes("fsdp2_qwen3_multinode", fsdp2_args(model, tmp_path / "out", 12, "--save_steps", 6), tmp_path)
-    assert_sharded_over_both_nodes(first)
+    # The first run: workload.yaml's command on one node of 2 processes, logging into the platform's MLflow run.
+    first, platform_run = run_workload("fsdp2_qwen3_multinode",
+                                       fsdp2_settings(model, tmp_path / "out", 12, save_steps=6), tmp_path)
+    assert_sharded_over_both_nodes(first, nodes=1)
     assert first["final_loss"] < 0.8 * first["initial_loss"], first["losses"]
     assert first["resumed_from_step"] is None and len(first["checkpoints"]) == 1  # step 6 (none at the last step)
 
-    # The same command again: it finds the step-6 checkpoint and redoes steps 7..12 on the same data.
+    # The same settings again on two nodes: they find the step-6 checkpoint and redo steps 7..12 on the same data.
     second = run_two_nodes("fsdp2_qwen3_multinode", fsdp2_args(model, tmp_path / "out", 12, "--save_steps", 6,
                                                                "--save_final_model", "true"), tmp_path)
+    assert_sharded_over_both_nodes(second)
     assert second["resumed_from_step"] == 6
     assert second["losses"][:6] == first["losses"][:6]
     assert second["losses"][6:] == pytest.approx(first["losses"][6:], abs=2e-3)
 
-    # Both runs in the project's MLflow store (beside output_dir), the second with its final model.
-    runs = tracked_runs(tmp_path, "fsdp2_qwen3_multinode", {"learning_rate": "0.003", "max_steps": "12"}, "loss")
+    # Both runs in the project's MLflow store (beside output_dir): the workload's in the platform's run, the second
+    # in one of its own, with its final model.
+    params = {"learning_rate": "0.003", "max_steps": "12"}
+    runs = [*tracked_runs(tmp_path, workload("fsdp2_qwen3_multinode")["experiment_name"], params, "loss"),
+            *tracked_runs(tmp_path, "fsdp2_qwen3_multinode", params, "loss")]
+    assert runs[0].info.run_id == platform_run.info.run_id
     assert [r.data.metrics["final_loss"] for r in runs] == pytest.approx([first["final_loss"], second["final_loss"]])
     assert_logged_text_generator(tmp_path, runs[1])
 
@@ -410,22 +435,21 @@ def test_packed_sample_has_the_same_loss_as_alone(standin):
 # --------------------------------------------------------------------------------------------------
 # DeepSpeed ZeRO-3 + TRL: invoices
 # --------------------------------------------------------------------------------------------------
-def test_deepspeed_invoices_driven_by_a_trl_config_file_on_two_nodes_partitions_and_lowers_eval_loss(tmp_path, standin):
-    """The user's own TRL config file (SFTConfig keys, their DeepSpeed JSON) is the whole command line."""
-    import yaml
-
+def test_deepspeed_invoices_workload_partitions_and_lowers_eval_loss(tmp_path, standin):
+    """workload.yaml's command on one node of 2 processes: the workload's parameters (here the settings below, with
+    their own DeepSpeed JSON) change config.yaml's keys through --overrides, and TRL's parser reads the merged file as
+    its --config (a TRL config file as the whole command line)."""
     recipe = RECIPES / "deepspeed_qwen3_8b_invoices"
     (tmp_path / "zero3.json").write_text((recipe / "ds_zero3.json").read_text())
-    settings = {**yaml.safe_load((recipe / "config.yaml").read_text()),
-                "model_name_or_path": str(standin("qwen3-8b")), "dtype": "float32", "bf16": False,
+    settings = {"model_name_or_path": str(standin("qwen3-8b")), "dtype": "float32", "bf16": False,
                 "dataset_name": str(DATA / "invoices"), "output_dir": str(tmp_path / "out"),
                 "deepspeed": str(tmp_path / "zero3.json"), "num_train_epochs": 2, "max_train_samples": 96,
                 "max_predict_samples": 4, "per_device_train_batch_size": 8, "per_device_eval_batch_size": 8,
                 "gradient_accumulation_steps": 1, "learning_rate": 3e-3, "logging_steps": 1, "max_new_tokens": 48,
                 "ddp_timeout": 120}
-    (tmp_path / "run.yaml").write_text(yaml.safe_dump(settings))
-    metrics = run_two_nodes("deepspeed_qwen3_8b_invoices", ["--config", tmp_path / "run.yaml"], tmp_path, timeout=300)
-    assert_sharded_over_both_nodes(metrics)  # ZeRO-3 from zero3.json: each rank's ds_tensor partitions hold half
+    metrics, platform_run = run_workload("deepspeed_qwen3_8b_invoices", settings, tmp_path, timeout=300)
+    assert_sharded_over_both_nodes(metrics, nodes=1)  # ZeRO-3 from zero3.json: each rank's ds_tensor partitions
+    # hold half
     assert len(metrics["eval_losses"]) == 3  # before training, after epoch 1, after epoch 2
     assert metrics["best_eval_loss"] < 0.85 * metrics["initial_eval_loss"], metrics["eval_losses"]
     assert metrics["final_loss"] < metrics["initial_loss"]
@@ -437,8 +461,9 @@ def test_deepspeed_invoices_driven_by_a_trl_config_file_on_two_nodes_partitions_
     for checkpoint in [*(tmp_path / "out").glob("checkpoint-*"), Path(metrics["saved_model"])]:
         checkpoints.verify(checkpoint)  # sealed after the Trainer saved it
 
-    [run] = tracked_runs(tmp_path, "deepspeed_qwen3_8b_invoices", {"learning_rate": "0.003", "max_predict_samples": "4"},
-                         "loss")
+    [run] = tracked_runs(tmp_path, workload("deepspeed_qwen3_8b_invoices")["experiment_name"],
+                         {"learning_rate": "0.003", "max_predict_samples": "4"}, "loss")  # the platform's run
+    assert run.info.run_id == platform_run.info.run_id
     assert run.data.metrics["after_json_valid"] == metrics["after"]["json_valid"]
     assert_logged_text_generator(tmp_path, run)
 

@@ -3,6 +3,8 @@
 the fields of Databricks' ai-runtime-cookbook workloads) and its command to what it runs: the folders it enters
 exist, the launcher's options parse with torchrun's own parser, and the recipe's parser accepts its flags with the
 `parameters` the platform hands over (HYPERPARAMETERS_PATH), so the file cannot rot as the recipes change.
+Each command is also run, as written, on CPU with the platform's variables for one node and a tiny stand-in: the recipe
+tests launch each recipe's first run that way (tests/workload_runs.py; the last test here checks that they do).
 """
 from __future__ import annotations
 
@@ -139,7 +141,18 @@ def test_a_recipe_logs_into_the_platforms_mlflow_run_when_it_is_set(monkeypatch,
     monkeypatch.setenv("MLFLOW_RUN_ID", platform_run)
     with mlflow_run("some_recipe", tmp_path / "runs" / "x", None, {"learning_rate": 1e-5}) as tracking:
         tracking.log_metric("train_loss", 1.5)
+        # out of the environment meanwhile: transformers' MLflowCallback would start that run again ("already active")
+        assert "MLFLOW_RUN_ID" not in os.environ and tracking.active_run().info.run_id == platform_run
+    assert os.environ["MLFLOW_RUN_ID"] == platform_run
     assert client.get_run(platform_run).data.params == {"learning_rate": "1e-05"}
     assert [m.value for m in client.get_metric_history(platform_run, "train_loss")] == [1.5]
     assert [r.info.run_id for r in client.search_runs([experiment])] == [platform_run]  # no run of its own
     assert client.get_experiment_by_name("some_recipe") is None
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_a_recipe_test_runs_the_workload_command(recipe):
+    """The run itself costs no CI time of its own: a recipe test's first run is the workload's (workload_runs.py)."""
+    launchers = [p.name for p in (REPO / "tests").glob("test_*.py")
+                 if "from workload_runs import run_workload" in p.read_text() and f'"{recipe}"' in p.read_text()]
+    assert launchers, f"no test runs {recipe}'s workload command with tests/workload_runs.py's run_workload"
