@@ -34,15 +34,19 @@ DEFAULT_CPU_PROCESSES = 2  # ranks without GPUs when `gpus` is not given
 
 class DistributedError(RuntimeError):
     """A rank failed, was killed, or the ranks stalled. `rank`, `exitcode`, `signal_name` and
-    `remote_traceback` say which and how; after restarts (`max_restarts`), `attempts` lists each attempt's error."""
+    `remote_traceback` say which and how; after restarts (`max_restarts`), `attempts` lists each attempt's error.
+    `later_failures`: {rank: its raw error} of the ranks that failed after `rank`, e.g. a peer's transport error
+    ("Connection closed by peer") that the message says in words."""
 
-    def __init__(self, message, *, rank=None, exitcode=None, signal_name=None, remote_traceback=None, attempts=()):
+    def __init__(self, message, *, rank=None, exitcode=None, signal_name=None, remote_traceback=None, attempts=(),
+                 later_failures=None):
         super().__init__(message)
         self.rank = rank
         self.exitcode = exitcode
         self.signal_name = signal_name
         self.remote_traceback = remote_traceback
         self.attempts = list(attempts)
+        self.later_failures = dict(later_failures or {})
 
 
 class DistributedTimeoutError(DistributedError, TimeoutError):
@@ -184,9 +188,37 @@ def gpu_type_matches(gpu_type, name: str) -> bool:
 # ---------------------------------------------------------------------------------------------------
 # The error
 
-def failure_error(outcome, *, rank: int, world_size: int, name: str, context: str = "") -> DistributedError:
+# A rank whose peer died while it waited in a collective: gloo's and NCCL's words for a lost connection.
+_PEER_LOST = re.compile(r"connection (closed|reset) by peer|broken pipe|socket closed|read error|write error|"
+                        r"remote process exited|communicator was aborted|ncclRemoteError|DistNetworkError", re.IGNORECASE)
+
+
+def lost_its_peer(error: str) -> bool:
+    """Whether a rank's error is a collective that broke because another rank went away (a consequence)."""
+    return bool(_PEER_LOST.search(error))
+
+
+def later_failures_text(first: int, later: dict) -> str:
+    """Lines (each ending in a newline) for the ranks that failed after rank `first` ({rank: raw error}): a peer whose
+    collective broke when `first` went away is said in words (its raw transport error stays in the error's
+    `later_failures`); any other error is quoted by its first line."""
+    lines = []
+    for rank in sorted(later):
+        raw = later[rank]
+        if lost_its_peer(raw):
+            lines.append(f"Rank {rank} was waiting in a collective for rank {first}, lost its connection when rank {first} "
+                         f"failed, and was stopped: a consequence, not a failure of its own (its raw error: "
+                         f"err.later_failures[{rank}]).\n")
+        else:
+            first_line = raw.splitlines()[0][:300] if raw.strip() else "(no message)"
+            lines.append(f"Rank {rank} failed after it: {first_line}\n")
+    return "".join(lines)
+
+
+def failure_error(outcome, *, rank: int, world_size: int, name: str, context: str = "",
+                  later_failures=None) -> DistributedError:
     """The error for a rank whose call raised (or whose return value cannot be loaded here); `context`
-    (ending in a newline) goes before the traceback."""
+    (ending in a newline) goes before the traceback; later_failures: the error's attribute of that name."""
     remote_tb = with_cell_names(outcome.traceback)
     if outcome.unloadable:
         return DistributedError(
@@ -195,12 +227,12 @@ def failure_error(outcome, *, rank: int, world_size: int, name: str, context: st
             "does not have. Return plain types (numbers, strings, lists, dicts, tensors), or define the class in "
             f"a module that both the notebook and the ranks import.\n{context}The other ranks were stopped. "
             f"Traceback of the load:\n{remote_tb}",
-            rank=rank, exitcode=0, remote_traceback=remote_tb,
+            rank=rank, exitcode=0, remote_traceback=remote_tb, later_failures=later_failures,
         )
     return DistributedError(
         f"rank {rank} of {world_size} failed in {name}(): {outcome.summary}\n{context}"
         f"The other ranks were stopped. Traceback from rank {rank}:\n{remote_tb}",
-        rank=rank, exitcode=1, remote_traceback=remote_tb,
+        rank=rank, exitcode=1, remote_traceback=remote_tb, later_failures=later_failures,
     )
 
 

@@ -284,7 +284,8 @@ class DistributedFunction:
         raise DistributedError(f"{self.__name__}() failed on each of its {len(failures)} attempts: {attempts}.\n"
                                f"The last attempt's error: {failures[-1]}", rank=failures[-1].rank,
                                exitcode=failures[-1].exitcode, signal_name=failures[-1].signal_name,
-                               remote_traceback=failures[-1].remote_traceback, attempts=failures) from failures[-1]
+                               remote_traceback=failures[-1].remote_traceback, attempts=failures,
+                               later_failures=failures[-1].later_failures) from failures[-1]
 
     def _attempt(self, payload, *, label, cancel, mlflow_run_id, restart, deadline=None) -> RankResults:
         options = dict(gpus=self.gpus, output=self.output, stall_timeout=self.stall_timeout, label=label, cancel=cancel,

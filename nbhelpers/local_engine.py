@@ -35,8 +35,8 @@ import time
 
 from nbhelpers.engine_core import (DEFAULT_CPU_PROCESSES, DistributedError, Printers, ProgressWatch, RankResults,
                                    accelerator_shape, cancelled, check_count, failure_error, free_port, gpu_type_matches,
-                                   launch_processes, main_thread_stack, save_rank_logs, stall_error, stop_processes,
-                                   timeout_error, torchrun_environment)
+                                   later_failures_text, launch_processes, main_thread_stack, save_rank_logs, stall_error,
+                                   stop_processes, timeout_error, torchrun_environment)
 from nbhelpers.gpu_lease import GpuLease, LeaseCancelled
 from nbhelpers.payload import read_outcome
 from nbhelpers.system_metrics import RankSampler
@@ -497,9 +497,11 @@ class _LocalLaunch:
 
     def _rank_failed(self, r, also_failed) -> DistributedError:
         self._drain(deadline=time.monotonic() + 0.3, only=r)  # its last output, before we kill anyone
-        after = "".join(f"Rank {o.rank} failed after it: {self._summary(o)}\n" for o in also_failed)
+        later = {o.rank: self._summary(o) for o in also_failed}
+        after = later_failures_text(r.rank, later)
         if r.outcome is not None:
-            return failure_error(r.outcome, rank=r.rank, world_size=self.world_size, name=self.name, context=after)
+            return failure_error(r.outcome, rank=r.rank, world_size=self.world_size, name=self.name, context=after,
+                                 later_failures=later)
         r.process.join(2)  # the fork server reports the exit status
         code = r.process.exitcode
         tail = self.printers.tail(r.rank)
@@ -509,19 +511,20 @@ class _LocalLaunch:
             return DistributedError(
                 f"rank {r.rank} of {self.world_size} was killed by signal {name}{hint}.\n{after}"
                 f"The other ranks were stopped. Last output of rank {r.rank}:\n{tail}",
-                rank=r.rank, exitcode=code, signal_name=name,
+                rank=r.rank, exitcode=code, signal_name=name, later_failures=later,
             )
         return DistributedError(
             f"rank {r.rank} of {self.world_size} exited with code {code} without returning from "
             f"{self.name}() (sys.exit or os._exit inside the function?).\n{after}The other ranks were stopped. "
             f"Last output of rank {r.rank}:\n{tail}",
-            rank=r.rank, exitcode=code,
+            rank=r.rank, exitcode=code, later_failures=later,
         )
 
     @staticmethod
     def _summary(r) -> str:
+        """A rank that failed: its error as raised (whole), or how it ended."""
         if r.outcome is not None:
-            return r.outcome.summary.splitlines()[0][:300] if r.outcome.summary else "(no message)"
+            return r.outcome.summary or "(no message)"
         r.process.join(0.5)
         code = r.process.exitcode
         if code is not None and code < 0:

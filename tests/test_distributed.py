@@ -512,9 +512,35 @@ def test_a_failing_rank_raises_one_error_naming_it_with_its_traceback_within_5_s
 
 @pytest.mark.parametrize("attempt", range(20))
 def test_a_failure_leaves_no_process_running(attempt):
-    with pytest.raises(DistributedError, match="rank 1 of 2 failed"):
+    with pytest.raises(DistributedError, match="rank 1 of 2 failed") as caught:
         distributed(_fails_on_rank_1).distributed()
     assert_nothing_left_running()
+    assert_a_peer_that_lost_its_connection_is_said_in_words(caught.value)
+
+
+def assert_a_peer_that_lost_its_connection_is_said_in_words(err):
+    """Rank 0, in a barrier when rank 1 raised, loses its connection: when its error arrived in time, the message says
+    so in words, and gloo's raw text (its source path, "GLHF!" and an emoji) is only in err.later_failures."""
+    message = str(err).split("Traceback from rank 1")[0]
+    assert not re.search(r"pair\.cc|GLHF|Connection (closed|reset)|[^\x00-\x7f]", message), message
+    if 0 in err.later_failures:
+        assert re.search(r"Connection (closed|reset) by peer", err.later_failures[0]), err.later_failures
+        assert "Rank 0 was waiting in a collective for rank 1" in message and "err.later_failures[0]" in message
+
+
+def test_a_peers_lost_connection_is_said_in_words_and_another_later_error_is_quoted():
+    from nbhelpers.engine_core import later_failures_text
+
+    gloo = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error "
+            "[127.0.0.1]:15284: Connection reset by peer. This is typically caused by a remote worker crashing. GLHF! \U0001f3d6")
+    nccl = "torch.distributed.DistBackendError: NCCL error: remote process exited or there was a network error"
+    text = later_failures_text(1, {0: gloo, 2: nccl, 3: "ValueError: a bug of its own\nmore"})
+    assert text == (
+        "Rank 0 was waiting in a collective for rank 1, lost its connection when rank 1 failed, and was stopped: a "
+        "consequence, not a failure of its own (its raw error: err.later_failures[0]).\n"
+        "Rank 2 was waiting in a collective for rank 1, lost its connection when rank 1 failed, and was stopped: a "
+        "consequence, not a failure of its own (its raw error: err.later_failures[2]).\n"
+        "Rank 3 failed after it: ValueError: a bug of its own\n")
 
 
 def test_processes_a_rank_started_in_their_own_session_are_stopped_too():
