@@ -340,8 +340,7 @@ CASES = [
         parameters=AXOLOTL_SMOKE,
         expect={
             "world_size": ("==", 1),
-            "final_loss_vs_initial": ("<", 0.95),
-            "tokens_per_s": (">", 0),
+            "final_loss_vs_initial": ("<", 0.95),  # it reaches 0.93; at learning rate 0 1.0 (tokens/s: its test file)
             "mlflow.params.learning_rate": ("==", "0.01"),  # the Trainer's settings, logged by Axolotl's rank 0
             "mlflow.metrics.loss": ("==", ("final_loss", 1)),
             "mlflow.models.model.loads": ("==", True),  # the adapter, as an MLflow transformers model

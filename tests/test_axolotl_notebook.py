@@ -39,11 +39,22 @@ def test_notebook_meets_its_expectations(notebook_run):
 
 def test_the_eval_loss_falls_and_the_merged_model_gives_the_logits_of_base_plus_adapter(notebook_run):
     metrics, executed, _ = notebook_run(SMOKE)
-    assert metrics["eval_losses"][-1] < 0.97 * metrics["initial_loss"]
+    # The validation loss before training and after it (the same rows): 8.03 -> 7.48 (0.93x); at learning rate 0 1.0x.
+    before, after = metrics["eval_losses"][0], metrics["eval_losses"][-1]
+    assert after < 0.96 * before, metrics["eval_losses"]
     said = re.search(r"largest logit difference to base \+ adapter ([0-9.e+-]+) \(the adapter itself moved the logits "
                      r"by up to ([0-9.e+-]+)\)", output_text(executed))
     difference, effect = float(said.group(1)), float(said.group(2))
     assert difference < 1e-3 and effect > 0.1  # fp32 here: merged and base + adapter agree to rounding
+
+
+def test_tokens_per_s_counts_the_timed_steps_tokens(notebook_run):
+    metrics = notebook_run(SMOKE)[0]
+    # Axolotl's token slots since the third logged step (the warm-up left out): steps 4..16, 2 packed sequences of 256
+    # per step, over seconds that fit in the run's timeout (MLflow's milliseconds taken as seconds would not).
+    assert metrics["timed_tokens"] == 13 * 2 * 256, metrics
+    assert metrics["tokens_per_s"] * metrics["timed_s"] == pytest.approx(metrics["timed_tokens"], rel=1e-6), metrics
+    assert 0 < metrics["timed_s"] < SMOKE.timeout, metrics
 
 
 @pytest.fixture(scope="module")
