@@ -97,6 +97,34 @@ def loopback_rendezvous():
         rendezvous._create_c10d_store = create
 
 
+def _end_mlflow_runs(status: str) -> None:
+    """End the MLflow runs this rank's main thread has open (a training function's `mlflow.start_run()`, the HF
+    Trainer's callback) with `status`, so that none stays RUNNING for ever; MLflow's own exit hook would call a rank
+    that raised FINISHED, and a rank ended by a signal gets no exit hook at all."""
+    mlflow = sys.modules.get("mlflow")  # a rank that never imported it opened no run
+    if mlflow is None:
+        return
+    with contextlib.suppress(Exception):
+        for _ in range(16):  # nested runs: innermost first
+            if mlflow.active_run() is None:
+                return
+            mlflow.end_run(status)
+
+
+def _stop_on_sigterm(rank_pid: int) -> None:
+    """SIGTERM is how the launcher stops a rank (an interrupt, another rank's failure, a timeout, a stall): its open
+    MLflow runs end KILLED, then it dies of the signal as without a handler. Processes the rank forks (DataLoader
+    workers) inherit the handler and die at once: their MLflow state is a copy, and PyTorch ends them with SIGTERM too."""
+    def stop(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the launcher signals the group and the process: once is enough
+        if os.getpid() == rank_pid:
+            _end_mlflow_runs("KILLED")
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def run_rank(rank, payload, environ, cwd, sys_path, threads, stdout, stderr, results, lifeline, stacks):
     """Entry point of one rank (a child of the fork server). On SIGUSR1 it writes the Python stack of every
     thread into the pipe `stacks` (faulthandler: even while a C call holds the GIL); the launcher asks for them
@@ -122,8 +150,11 @@ def run_rank(rank, payload, environ, cwd, sys_path, threads, stdout, stderr, res
     sys.path[:] = sys_path
     torch.set_num_threads(threads)
 
+    _stop_on_sigterm(os.getpid())
     with loopback_rendezvous():
         ok, message = run_call(rank, payload)
+    if not ok:
+        _end_mlflow_runs("FAILED")
     results.send_bytes(message)
     sys.stdout.flush()
     sys.stderr.flush()

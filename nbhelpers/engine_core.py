@@ -93,6 +93,16 @@ def check_count(gpus, name: str = "gpus") -> int:
     return count
 
 
+def interrupted(name: str, stopped: int, seconds: float) -> KeyboardInterrupt:
+    """The KeyboardInterrupt of a launch the user interrupted, once its ranks are stopped: one line says what happened,
+    "stopped 2 ranks of train() after 10.3 s". IPython (a notebook) shows only that line (`_render_traceback_`, its
+    protocol for exceptions that render themselves): the frames of the launcher and of `selectors` are no news."""
+    message = f"stopped {stopped} rank{'' if stopped == 1 else 's'} of {name}() after {seconds:.1f} s"
+    error = KeyboardInterrupt(message)
+    error._render_traceback_ = lambda: [f"\x1b[0;31mKeyboardInterrupt\x1b[0m: {message}"]
+    return error
+
+
 def cancelled(name: str) -> CancelledError:
     return CancelledError(f"{name} was cancelled; its ranks were stopped")
 

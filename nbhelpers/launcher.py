@@ -234,7 +234,10 @@ class DistributedFunction:
 
     def distributed(self, *args, **kwargs) -> RankResults:
         """Run on every rank; return the ranks' results in rank order (tensors on the CPU), with the
-        launch's `system_metrics` (peak memory and mean utilisation per rank)."""
+        launch's `system_metrics` (peak memory and mean utilisation per rank).
+
+        An interrupt (the notebook's Stop button, Ctrl-C) stops every rank and raises KeyboardInterrupt with one line,
+        "stopped 2 ranks of train() after 10.3 s", which a notebook shows alone, without the launcher's frames."""
         return self._launch(pickle_call(self.fn, args, kwargs), label=None, cancel=None,
                             mlflow_run_id=_active_mlflow_run_id(), deadline=self._deadline())
 

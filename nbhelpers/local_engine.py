@@ -35,8 +35,8 @@ import time
 
 from nbhelpers.engine_core import (DEFAULT_CPU_PROCESSES, DistributedError, Printers, ProgressWatch, RankResults,
                                    accelerator_shape, cancelled, check_count, failure_error, free_port, gpu_type_matches,
-                                   later_failures_text, launch_processes, main_thread_stack, save_rank_logs, stall_error,
-                                   stop_processes, timeout_error, torchrun_environment)
+                                   interrupted, later_failures_text, launch_processes, main_thread_stack, save_rank_logs,
+                                   stall_error, stop_processes, timeout_error, torchrun_environment)
 from nbhelpers.gpu_lease import GpuLease, LeaseCancelled
 from nbhelpers.payload import read_outcome
 from nbhelpers.system_metrics import RankSampler
@@ -313,6 +313,14 @@ class _LocalLaunch:
         self.run_id = None  # set once the port is picked: the stop must work from any point of the start
 
     def run(self) -> RankResults:
+        started = time.monotonic()
+        try:
+            return self._run()
+        except KeyboardInterrupt:  # the ranks are stopped by now (_run's finally): say what happened, in one line
+            stopped = sum(r.process.pid is not None for r in self.ranks)
+        raise interrupted(self.name, stopped, time.monotonic() - started)  # outside the handler: no "During handling"
+
+    def _run(self) -> RankResults:
         ctx = _fork_server_context()
         sampler = None
         with _ranks_running(self.world_size) as running:

@@ -1080,10 +1080,20 @@ def test_a_launch_returns_its_ranks_system_metrics():
     assert metrics["gpu_utilization_percent_mean"] is None and metrics["gpu_memory_peak_bytes"] is None  # no GPU
 
 
-def test_system_metrics_arrive_in_the_active_mlflow_run(tmp_path):
+@pytest.fixture(scope="module")
+def mlflow_store(tmp_path_factory):
+    """An MLflow store for this module's tests, its tables made once (that takes seconds)."""
     import mlflow
 
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+    mlflow.MlflowClient(tracking_uri=uri).search_experiments()
+    return uri
+
+
+def test_system_metrics_arrive_in_the_active_mlflow_run(mlflow_store):
+    import mlflow
+
+    mlflow.set_tracking_uri(mlflow_store)
     try:
         with mlflow.start_run() as run:
             distributed(_busy).distributed(3)
@@ -1108,7 +1118,12 @@ from nbhelpers import distributed
 faulthandler.register(signal.SIGUSR2, file=open(os.environ["KERNEL_STACKS_FILE"], "w"), all_threads=True)
 
 @distributed
-def sleeps():
+def tracks_then_sleeps(tracking_uri):
+    if os.environ["RANK"] == "0":  # as a notebook's training function: rank 0 opens an MLflow run
+        import mlflow
+
+        mlflow.set_tracking_uri(tracking_uri)
+        print("mlflow run", mlflow.start_run().info.run_id, flush=True)
     print("ranks are running", flush=True)
     time.sleep(300)
 
@@ -1143,6 +1158,7 @@ def kernel(tmp_path_factory):
 
 
 def start_and_wait_until_running(kc, code):
+    """What the cell printed until both ranks run."""
     # stop_on_error=False: an interrupted cell would otherwise make the kernel abort the requests queued behind it,
     # and under load the next test's request can reach that queue before the kernel closes it (ipykernel 7)
     msg_id = kc.execute(code, stop_on_error=False)
@@ -1152,7 +1168,9 @@ def start_and_wait_until_running(kc, code):
         msg = kc.get_iopub_msg(timeout=120)
         if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
             seen += msg["content"]["text"]
+        assert not (msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "error"), msg["content"]
     assert "[rank 0] ranks are running" in seen and "[rank 1] ranks are running" in seen, seen
+    return seen
 
 
 def reply_after_interrupt(km, kc, timeout):
@@ -1175,9 +1193,12 @@ def reply_after_interrupt(km, kc, timeout):
                              f"{processes}; its stacks:\n{stacks}") from None
 
 
-def test_interrupting_the_kernel_stops_every_rank(kernel):
+def test_interrupting_the_kernel_stops_every_rank_says_so_in_one_line_and_ends_the_mlflow_run_killed(kernel, mlflow_store):
+    import mlflow
+
     km, kc, _ = kernel
-    start_and_wait_until_running(kc, "sleeps.distributed()")
+    seen = start_and_wait_until_running(kc, f"tracks_then_sleeps.distributed({mlflow_store!r})")
+    run_id = re.search(r"\[rank 0\] mlflow run (\w+)", seen).group(1)
     kernel_pid = km.provisioner.process.pid
     assert len(leftover_processes(kernel_pid)) >= 2
     km.interrupt_kernel()
@@ -1185,6 +1206,11 @@ def test_interrupting_the_kernel_stops_every_rank(kernel):
     assert reply["content"]["status"] == "error"
     assert reply["content"]["ename"] == "KeyboardInterrupt"
     assert_nothing_left_running(kernel_pid)
+    # what the cell shows: one line saying what happened, none of the launcher's frames
+    assert re.fullmatch(r"stopped 2 ranks of tracks_then_sleeps\(\) after \d+\.\d s", reply["content"]["evalue"])
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(reply["content"]["traceback"]))
+    assert shown == f"KeyboardInterrupt: {reply['content']['evalue']}", shown
+    assert mlflow.MlflowClient(tracking_uri=mlflow_store).get_run(run_id).info.status == "KILLED"
 
 
 def test_interrupting_the_kernel_twice_leaves_no_rank_running(kernel):
