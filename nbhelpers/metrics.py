@@ -48,7 +48,9 @@ def mlflow_tracking_uri(output_dir, tracking_uri: str | None = None) -> str:
     """Where a run is tracked: `tracking_uri`, else MLFLOW_TRACKING_URI (MLflow's own setting), else on Databricks
     the workspace ("databricks"), else one SQLite store for every run of the project: the folder above output_dir.
 
-    Runs go to `runs/<name>` by default, so all of them land in `runs/mlflow.db`, one store to browse:
+    The notebooks' runs go to `runs/<name>` under the cookbook's root by default (read_parameters() starts a relative
+    output_dir there: nbhelpers.params.cookbook_root, $COOKBOOK_ROOT or the repository), so all of them land in
+    `runs/mlflow.db` there, one store to browse from the repository's folder:
     `mlflow ui --backend-store-uri sqlite:///runs/mlflow.db`.
     """
     if tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"):

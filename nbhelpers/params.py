@@ -10,6 +10,12 @@ parameters. Type rules: the default's type; an int is accepted for a float (and 
 default accepts anything; an annotation (`max_ratings: int | None = 100000  # ...`) states the types
 accepted where the default alone cannot.
 
+A relative `output_dir` (the notebooks' defaults, "runs/ddp_mlp") starts at the cookbook's root, not at the folder the
+kernel runs in (JupyterLab runs it in the notebook's own folder, papermill in the caller's): so every notebook's
+outputs and the one MLflow store, runs/mlflow.db, are in the same place however a notebook is opened. The root is
+$COOKBOOK_ROOT if set, else the repository this nbhelpers was installed from (`pip install -e .`), else the current
+folder (see `cookbook_root`).
+
 How the cells are found: the code cells this kernel ran, in order, from IPython's input history (`In`), or,
 where a runner does not store history (nbval runs cells with store_history=False), from the sources
 IPython's compiler keeps for tracebacks. The parameters cell is the latest cell made only of literal
@@ -21,7 +27,9 @@ from __future__ import annotations
 import ast
 import difflib
 import linecache
+import os
 import types
+from pathlib import Path
 
 INJECTED_HEADER = "# Parameters"
 _TYPES = {"int": int, "float": float, "str": str, "bool": bool, "list": list, "dict": dict, "tuple": tuple,
@@ -45,7 +53,30 @@ def read_parameters() -> types.SimpleNamespace:
             "read_parameters() reads a notebook's `parameters` cell, so it runs in a Jupyter kernel. In a "
             "script, parse the same names with argparse (`--learning_rate 0.01`), as the recipes do."
         ) from None
-    return parameters_from_cells(_cells_run(shell))
+    args = parameters_from_cells(_cells_run(shell))
+    if isinstance(getattr(args, "output_dir", None), str):
+        args.output_dir = str(in_cookbook(args.output_dir))
+    return args
+
+
+ROOT_VARIABLE = "COOKBOOK_ROOT"
+
+
+def cookbook_root() -> Path:
+    """Where relative output paths start: $COOKBOOK_ROOT if set, else the repository this package lies in (a checkout,
+    installed with `pip install -e .`: the folder with pyproject.toml and notebooks/), else the current folder."""
+    if os.environ.get(ROOT_VARIABLE):
+        return Path(os.environ[ROOT_VARIABLE]).expanduser().resolve()
+    repository = Path(__file__).resolve().parents[1]
+    if (repository / "pyproject.toml").is_file() and (repository / "notebooks").is_dir():
+        return repository
+    return Path.cwd()
+
+
+def in_cookbook(path) -> Path:
+    """`path` as an absolute path: a relative one under cookbook_root(), whichever folder this process runs in."""
+    path = Path(path).expanduser()
+    return path if path.is_absolute() else cookbook_root() / path
 
 
 def _cells_run(shell) -> list[str]:

@@ -85,6 +85,39 @@ def test_injected_values_without_a_parameters_cell_are_an_error():
         parameters_from_cells(["", injected(num_train_epochs=3), IMPORTS_CELL])
 
 
+def read_in_a_kernel_running_in(folder, monkeypatch, *cells):
+    """read_parameters() as a kernel whose cells were `cells` and whose current folder is `folder` finds them."""
+    import types
+
+    import nbhelpers.params as params
+
+    monkeypatch.chdir(folder)
+    shell = types.SimpleNamespace(user_ns={"In": ["", *cells]})
+    monkeypatch.setattr(params, "get_ipython", lambda: shell, raising=False)
+    return params.read_parameters()
+
+
+def test_one_mlflow_store_for_the_cookbook_whichever_folder_the_kernel_runs_in(tmp_path, monkeypatch):
+    # JupyterLab runs a kernel in its notebook's folder, papermill in the caller's: the default output_dir
+    # "runs/x" means the repository's runs/x in each, and so one store, the one the README's `mlflow ui` line opens
+    from nbhelpers.metrics import mlflow_tracking_uri
+
+    monkeypatch.delenv("COOKBOOK_ROOT", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("DATABRICKS_RUNTIME_VERSION", raising=False)
+    for folder in (REPO / "notebooks" / "pytorch", REPO / "notebooks", REPO, tmp_path):
+        args = read_in_a_kernel_running_in(folder, monkeypatch, PARAMETERS_CELL)
+        assert args.output_dir == str(REPO / "runs" / "x"), folder
+        assert mlflow_tracking_uri(args.output_dir) == f"sqlite:///{REPO / 'runs' / 'mlflow.db'}"
+    assert "`mlflow ui --backend-store-uri sqlite:///runs/mlflow.db`" in (REPO / "README.md").read_text()
+    # an absolute output_dir (papermill -p output_dir /abs) stays; COOKBOOK_ROOT moves the relative ones
+    args = read_in_a_kernel_running_in(REPO, monkeypatch, PARAMETERS_CELL, injected(output_dir=str(tmp_path / "y")))
+    assert args.output_dir == str(tmp_path / "y")
+    monkeypatch.setenv("COOKBOOK_ROOT", str(tmp_path))
+    args = read_in_a_kernel_running_in(REPO / "notebooks", monkeypatch, PARAMETERS_CELL)
+    assert args.output_dir == str(tmp_path / "runs" / "x")
+
+
 def test_outside_a_notebook_it_says_that_scripts_use_argparse():
     run = subprocess.run([sys.executable, "-c", "from nbhelpers import read_parameters; read_parameters()"],
                          capture_output=True, text=True, timeout=120)
