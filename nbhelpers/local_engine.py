@@ -45,6 +45,9 @@ CPU_RANKS_PER_CORE = 2  # without GPUs: more ranks than this per core only time-
 TERMINATE_GRACE_S = 2.0  # between SIGTERM and SIGKILL
 BLAME_WINDOW_S = 0.5  # after a first failure: how long to listen for the failure that caused it
 CANCEL_POLL_S = 0.2  # how soon a cancelled launch in the background notices
+# MLflow's INFO lines (creating tables, monitoring system metrics) arrive on a rank's stderr, which a notebook colours as
+# an error: its warnings and errors only, unless MLFLOW_LOGGING_LEVEL is set (e.g. INFO, in the notebook's environment).
+RANK_MLFLOW_LOGGING_LEVEL = "WARNING"
 STACK_WAIT_S = 3.0  # after a stall: for every rank's fresh stacks (one that does not answer: its last snapshot)
 
 
@@ -359,6 +362,7 @@ class _LocalLaunch:
             (out_r, out_w), (err_r, err_w), (res_r, res_w), (life_r, life_w), (stack_r, stack_w) = pipes
             environ = dict(os.environ)
             environ.setdefault("OMP_NUM_THREADS", str(threads))
+            environ.setdefault("MLFLOW_LOGGING_LEVEL", RANK_MLFLOW_LOGGING_LEVEL)
             environ.update(torchrun_environment(rank, self.world_size, port, run_id, self.restart, self.max_restarts))
             environ.update(_loopback_environment())
             if self.gpus:

@@ -1090,6 +1090,26 @@ def mlflow_store(tmp_path_factory):
     return uri
 
 
+def test_mlflow_info_lines_are_quiet_in_the_ranks_and_its_warnings_stay(capfd, monkeypatch):
+    # MLflow logs routine INFO lines (creating tables, monitoring system metrics) to stderr: in a notebook an error's colour
+    monkeypatch.delenv("MLFLOW_LOGGING_LEVEL", raising=False)
+
+    @distributed(gpus=1)
+    def logs_like_mlflow():
+        import logging
+
+        import mlflow  # noqa: F401  (it sets up its loggers as it is imported)
+
+        logging.getLogger("mlflow.store.db.utils").info("Creating initial MLflow database tables...")
+        logging.getLogger("mlflow.tracking").warning("a warning of MLflow")
+        logging.getLogger("mlflow.tracking").error("an error of MLflow")
+
+    logs_like_mlflow.distributed()
+    err = capfd.readouterr().err
+    assert "a warning of MLflow" in err and "an error of MLflow" in err, err
+    assert "Creating initial MLflow database tables" not in err, err
+
+
 def test_system_metrics_arrive_in_the_active_mlflow_run(mlflow_store):
     import mlflow
 
