@@ -47,6 +47,30 @@ def test_notebook_has_no_committed_outputs(path):
             assert cell.execution_count is None, f"{path}: cell {i} has an execution count (strip it)"
 
 
+# Their metadata is still the old one (issue 41 §7): other work on these folders was under way; the test says when fixed
+METADATA_LEFT = ("notebooks/trl/", "notebooks/unsloth/")
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(reason="metadata not yet as JupyterLab writes it"))
+                                  if p.startswith(METADATA_LEFT) else p for p in NOTEBOOKS])
+def test_opening_a_notebook_in_jupyterlab_changes_nothing(path):
+    # JupyterLab fills in the kernelspec and the whole language_info from the kernel it starts and marks the notebook
+    # changed when they differ from the file's: closing an unrun notebook then asks to save. Fix: python
+    # tests/jupyterlab_metadata.py PATH (or open and save it in JupyterLab). Python's patch version is this machine's.
+    from jupyterlab_metadata import as_jupyterlab_saves
+
+    text = (REPO / path).read_text()
+    try:
+        saved = as_jupyterlab_saves(text)
+    except KeyError as missing:  # jupyter_client's NoSuchKernel: e.g. cookbook-axolotl before make setup-axolotl
+        pytest.skip(f"kernel {missing} is not installed here")
+    committed = nbformat.reads(text, as_version=4).metadata.get("language_info", {}).get("version", "")
+    here = nbformat.reads(saved, as_version=4).metadata.language_info.version
+    if committed.rsplit(".", 1)[0] == here.rsplit(".", 1)[0]:  # another patch release of the same Python: not the files'
+        saved = saved.replace(f'"version": "{here}"', f'"version": "{committed}"', 1)
+    assert saved == text, f"{path}: JupyterLab would change it on opening (metadata or JSON layout)"
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS)
 def test_notebook_opens_with_markdown_then_one_literal_parameters_cell(path):
     cells = _cells(path)
