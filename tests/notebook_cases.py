@@ -207,7 +207,7 @@ CASES = [
                     "learning_rate": 0.001, "save_steps": 3},
         expect={
             "world_size": ("==", 1),
-            "final_loss_vs_initial": ("<", 1.0),
+            "final_loss_vs_initial": ("<", 0.92),  # it reaches 0.87; at learning rate 0 0.95 (the batches differ)
             "mlflow.params.learning_rate": ("==", "0.001"),
             "mlflow.metrics.samples_per_s": (">", 0),
             **LOADABLE_MLFLOW_MODEL,
@@ -240,7 +240,7 @@ CASES = [
         expect={
             "world_size": ("==", 2),
             "hooks.record_trainer.ranks": ("==", [0, 1]),
-            "final_loss_vs_initial": ("<", 0.98),
+            "final_loss_vs_initial": ("<", 0.99),  # it reaches 0.974; at learning rate 0 1.000
             "mlflow.metrics.mean_token_accuracy": (">", 0.1),  # the Trainer's last logged one
         },
         files=("adapter/adapter_model.safetensors", "merged/config.json", "loss.png"),
@@ -252,7 +252,8 @@ CASES = [
         "notebooks/trl/ddp_gpt_oss_20b.ipynb",
         parameters={**TRL_DDP_SMOKE, "num_gpus": 1, "max_steps": 4, "merge_adapter": False,
                     "config": {"gradient_accumulation_steps": 1, "logging_steps": 2, "save_steps": 100}},
-        expect={"world_size": ("==", 1), "final_loss_vs_initial": ("<", 1.0)},
+        # it reaches 0.985; at learning rate 0 0.999
+        expect={"world_size": ("==", 1), "final_loss_vs_initial": ("<", 0.993)},
         timeout=180,
         output_contains=("[rank 0]", "one rank: no other rank to all-reduce gradients with"),
     ),
@@ -263,7 +264,7 @@ CASES = [
         expect={
             "world_size": ("==", 2),
             "hooks.record_trainer.ranks": ("==", [0, 1]),
-            "final_loss_vs_initial": ("<", 0.99),
+            "final_loss_vs_initial": ("<", 0.98),  # it reaches 0.958; at learning rate 0 1.000
             "mlflow.metrics.mean_token_accuracy": (">", 0.05),
         },
         files=("adapter/adapter_model.safetensors", "adapter/adapter_config.json", "merged/config.json", "loss.png"),
@@ -277,7 +278,8 @@ CASES = [
                     "fsdp_config": "{repo}/tests/data/accelerate_fsdp2.yaml",
                     "config": {"gradient_accumulation_steps": 1, "logging_steps": 2, "save_steps": 100}},
         hooks=("record_trainer",),
-        expect={"world_size": ("==", 1), "held_fraction": ("==", [1.0]), "final_loss_vs_initial": ("<", 1.0)},
+        # it reaches 0.959; at learning rate 0 0.999
+        expect={"world_size": ("==", 1), "held_fraction": ("==", [1.0]), "final_loss_vs_initial": ("<", 0.98)},
         timeout=180,
         output_contains=("one rank: FSDP shards nothing",),
     ),
@@ -297,7 +299,8 @@ CASES = [
                     "deepspeed": "{repo}/tests/data/deepspeed_zero3.json",
                     "config": {"gradient_accumulation_steps": 1, "eval_steps": 2, "save_steps": 100, "logging_steps": 2}},
         hooks=("record_trainer",),
-        expect={"world_size": ("==", 1), "held_fraction": ("==", [1.0]), "final_loss_vs_initial": ("<", 1.0)},
+        # it reaches 0.945; at learning rate 0 1.001
+        expect={"world_size": ("==", 1), "held_fraction": ("==", [1.0]), "final_loss_vs_initial": ("<", 0.97)},
         timeout=180,
         output_contains=("one rank: ZeRO-3 partitions nothing",),
     ),
@@ -311,7 +314,7 @@ CASES = [
         cpu_fixes=False,
         expect={
             "world_size": ("==", 2),
-            "final_loss_vs_initial": ("<", 0.97),
+            "final_loss_vs_initial": ("<", 0.97),  # it reaches 0.94; at learning rate 0 0.99
             "mlflow.params.learning_rate": ("==", "0.01"),  # the Trainer's settings, logged by rank 0
             "mlflow.metrics.loss": ("==", ("final_loss", 1)),  # the last loss the Trainer logged
             "mlflow.models.model.loads": ("==", True),  # the adapter, as an MLflow transformers model
@@ -326,7 +329,8 @@ CASES = [
         parameters={**UNSLOTH_SMOKE, "num_gpus": 1, "max_steps": 8,
                     "config": {"gradient_accumulation_steps": 1, "save_steps": 100, "warmup_steps": 2}},
         cpu_fixes=False,
-        expect={"world_size": ("==", 1), "final_loss_vs_initial": ("<", 0.97)},
+        # it reaches 0.965; at learning rate 0 1.002 (its single steps' losses 0.98 to 1.0 of the first)
+        expect={"world_size": ("==", 1), "final_loss_vs_initial": ("<", 0.975)},
         files=("adapter/adapter_model.safetensors",),
         timeout=300,
         output_contains=("[rank 0]", "one rank: no other rank to all-reduce with or compare to"),
