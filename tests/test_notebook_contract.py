@@ -71,6 +71,16 @@ def test_opening_a_notebook_in_jupyterlab_changes_nothing(path):
     assert saved == text, f"{path}: JupyterLab would change it on opening (metadata or JSON layout)"
 
 
+def test_the_sweep_notebook_says_where_background_runs_print_and_what_to_expect_without_gpus():
+    # issue 41 §3 and §6, documented choices: Jupyter sends a background thread's output to the cell running when it
+    # arrives (the cell that launched it has ended), and the defaults take minutes on a 2-core machine without GPUs
+    cells = _cells("notebooks/01_sweeps_and_remote.ipynb")
+    launch = next(i for i, c in enumerate(cells) if "distributed_async(" in c.source and c.cell_type == "code")
+    said = " ".join(cells[launch - 1].source.split())
+    assert cells[launch - 1].cell_type == "markdown" and "appear under the cell that is running when they arrive" in said
+    assert "**Without GPUs**" in cells[0].source and "about 6 minutes" in " ".join(cells[0].source.split())
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS)
 def test_notebook_opens_with_markdown_then_one_literal_parameters_cell(path):
     cells = _cells(path)
