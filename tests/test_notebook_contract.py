@@ -48,11 +48,7 @@ def test_notebook_has_no_committed_outputs(path):
 
 
 # Their metadata is still the old one (issue 41 §7): other work on these folders was under way; the test says when fixed
-METADATA_LEFT = ("notebooks/trl/", "notebooks/unsloth/")
-
-
-@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(reason="metadata not yet as JupyterLab writes it"))
-                                  if p.startswith(METADATA_LEFT) else p for p in NOTEBOOKS])
+@pytest.mark.parametrize("path", NOTEBOOKS)
 def test_opening_a_notebook_in_jupyterlab_changes_nothing(path):
     # JupyterLab fills in the kernelspec and the whole language_info from the kernel it starts and marks the notebook
     # changed when they differ from the file's: closing an unrun notebook then asks to save. Fix: python
