@@ -5,13 +5,14 @@
 # random weights built on the GPU (random_init). Chat rows: data/capybara's conversations chained into chats of about
 # 1,240 tokens (what Databricks' Qwen3.8-27B recipe packs: 983 steps x 32 GPUs x 8,192 tokens over UltraChat's
 # 207,865 train_sft conversations), through the stand-in's chat template, the loss on the assistant's tokens.
-# Stages, in QWEN35_STAGES (default "tune defaults"); the work folder is kept between calls, so that a second call
+# Stages, in QWEN35_STAGES, run in the order given (default "tune defaults"); the work folder is kept between calls, so that a second call
 # made at once reuses the stand-ins, the data and Triton's tuned kernels:
 #   tune      stand-ins, chat data, plan.json, the recipe's kernel check at 4,096 and 8,192 tokens (fla compiles and
 #             autotunes on a fresh machine: more than 4 minutes)
 #   defaults  the recipe's defaults (flex_attention, torch.compile, fla): packed chat rows and synthetic rows, 4,096
-#   compare   the same packed rows with sdpa's dense mask compiled (what flex replaces), and the PyTorch reference
-#             (sdpa, eager, transformers' PyTorch Gated DeltaNet run sample by sample): the losses to match
+#   reference the same packed rows through the PyTorch reference (sdpa, eager, transformers' PyTorch Gated DeltaNet
+#             run sample by sample): the losses to match
+#   sdpa      the same packed rows with sdpa's dense block-diagonal mask, compiled (what flex_attention replaces)
 #   long      8,192-token rows, synthetic and packed chat
 #   profile   packed chat rows at 4,096 under torch.profiler (benchmarks/gpu/profile_steps.py)
 # Results: $RESULTS/qwen35/{plan.json,kernels.txt,<run>/metrics.json,<run>.log,summary.json,profile_*.txt}.
@@ -95,30 +96,31 @@ chats=(--synthetic_data false --dataset_name "$work/chats.jsonl" --dataset_train
 synthetic=(--synthetic_data true)
 steps=(--max_steps 12 --timing_warmup_steps 4)
 
-if has defaults; then
-  run packed_$short 240 "${common[@]}" "${chats[@]}" "${steps[@]}" --max_length $short
-  run synthetic_$short 240 "${common[@]}" "${synthetic[@]}" "${steps[@]}" --max_length $short
-fi
-if has compare; then
-  run packed_${short}_sdpa_compiled 200 "${common[@]}" "${chats[@]}" "${steps[@]}" --max_length $short \
-    --attn_implementation sdpa
-  run packed_${short}_pytorch_reference 200 "${common[@]}" "${chats[@]}" --max_steps 8 --timing_warmup_steps 2 \
-    --max_length $short --attn_implementation sdpa --torch_compile false --linear_attention_kernels torch
-fi
-if has long; then
-  run synthetic_$long 240 "${common[@]}" "${synthetic[@]}" "${steps[@]}" --max_length $long
-  run packed_$long 240 "${common[@]}" "${chats[@]}" "${steps[@]}" --max_length $long
-fi
-if has profile; then
-  PROFILE=5 run profiled_packed_$short 240 "${common[@]}" "${chats[@]}" --max_steps 9 --timing_warmup_steps 4 \
-    --max_length $short
-fi
+for stage in $stages; do  # in the order given
+  case $stage in
+    defaults)
+      run packed_$short 240 "${common[@]}" "${chats[@]}" "${steps[@]}" --max_length $short
+      run synthetic_$short 240 "${common[@]}" "${synthetic[@]}" "${steps[@]}" --max_length $short ;;
+    reference)  # the same packed rows through the PyTorch reference: the losses to match
+      run packed_${short}_pytorch_reference 200 "${common[@]}" "${chats[@]}" --max_steps 8 --timing_warmup_steps 2 \
+        --max_length $short --attn_implementation sdpa --torch_compile false --linear_attention_kernels torch ;;
+    sdpa)  # what flex_attention replaces: the dense block-diagonal mask, compiled as well
+      run packed_${short}_sdpa_compiled 200 "${common[@]}" "${chats[@]}" "${steps[@]}" --max_length $short \
+        --attn_implementation sdpa ;;
+    long)
+      run synthetic_$long 240 "${common[@]}" "${synthetic[@]}" "${steps[@]}" --max_length $long
+      run packed_$long 240 "${common[@]}" "${chats[@]}" "${steps[@]}" --max_length $long ;;
+    profile)
+      PROFILE=5 run profiled_packed_$short 200 "${common[@]}" "${chats[@]}" --max_steps 9 --timing_warmup_steps 4 \
+        --max_length $short ;;
+  esac
+done
 
 python3 - "$out" <<'PY'
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
-plans = json.loads((out / "plan.json").read_text())["fsdp2_one_gpu"]
+plans = json.loads((out / "plan.json").read_text())["fsdp2_one_gpu"] if (out / "plan.json").exists() else {}
 summary = {"kernels": (out / "kernels.txt").read_text().strip() if (out / "kernels.txt").exists() else None}
 for path in sorted(out.glob("*/metrics.json")):
     m = json.loads(path.read_text())
