@@ -38,7 +38,9 @@ import torch.nn.functional as F
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 from tqdm import tqdm
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import AttentionInterface, AttentionMaskInterface, AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers.integrations.flex_attention import flex_attention_forward
+from transformers.masking_utils import flex_attention_mask
 from trl.chat_template_utils import get_training_chat_template
 
 from nbhelpers import checkpoints
@@ -91,15 +93,24 @@ def settle_defaults(args, device) -> None:
         args.torch_compile = on_gpu
 
 
+# transformers 5.17 refuses flex_attention for Qwen3.5 (its model class does not declare _supports_flex_attn: the flag
+# guards generation with its hybrid cache); for training its gated attention is plain GQA, so transformers' own flex
+# attention and BlockMask builder are registered under a name of their own, which that check does not know.
+FLEX = "flex_for_training"  # without "flex_attention" in it, which the check matches
+AttentionInterface.register(FLEX, flex_attention_forward)
+AttentionMaskInterface.register(FLEX, flex_attention_mask)
+
+
 def build_model(args, device):
     """The architecture on the meta device (no memory), and rank 0's copy of the checkpoint's weights: read once, in
     bf16, into its host memory (the other ranks get None). fp32 master weights are made after sharding (load_weights),
     so no rank ever holds the whole model in fp32. `random_init` instead builds random fp32 weights directly on the
     GPU (the single-GPU benchmark: a config-only stand-in is enough)."""
     config = AutoConfig.from_pretrained(args.model_name_or_path)
+    attention = FLEX if args.attn_implementation == "flex_attention" else args.attn_implementation
     weights = None
     with torch.device(device if args.random_init else "meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=args.attn_implementation)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=attention)
     if not args.random_init and dist.get_rank() == 0:
         loaded = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.bfloat16)
         weights = {**dict(loaded.named_parameters()), **dict(loaded.named_buffers())}  # buffers: rotary tables
