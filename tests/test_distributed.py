@@ -1110,12 +1110,13 @@ def test_mlflow_info_lines_are_quiet_in_the_ranks_and_its_warnings_stay(capfd, m
     assert "Creating initial MLflow database tables" not in err, err
 
 
-def test_system_metrics_arrive_in_the_active_mlflow_run(mlflow_store):
+def test_system_metrics_arrive_in_the_active_mlflow_run(mlflow_store, tmp_path):
     import mlflow
 
     mlflow.set_tracking_uri(mlflow_store)
-    try:
-        with mlflow.start_run() as run:
+    try:  # the run's artifacts (the ranks' logs) in tmp_path: a store's default is ./mlruns, the repository here
+        experiment = mlflow.create_experiment(f"system-metrics-{tmp_path.name}", artifact_location=tmp_path.as_uri())
+        with mlflow.start_run(experiment_id=experiment) as run:
             distributed(_busy).distributed(3)
         client = mlflow.tracking.MlflowClient()
         for rank in (0, 1):

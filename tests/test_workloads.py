@@ -80,7 +80,7 @@ def launch_line(command: str) -> tuple[Path, list[str]]:
     here = Path(os.environ.get("PWD", "/"))
     for line in command.replace("\\\n", " ").splitlines():
         words = shlex.split(os.path.expandvars(line))
-        if not words:
+        if not words or words[:2] == ["set", "-e"]:  # set -e: a failed step stops the job
             continue
         if words[0] == "cd":
             here = (here / words[1]).resolve()
