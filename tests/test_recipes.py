@@ -15,12 +15,11 @@ import time
 import uuid
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 
 from mlflow_runs import assert_logged_text_generator, tracked_runs
-from workload_runs import run_workload, workload
+from workload_runs import kill_process_tree, run_workload, workload
 
 from nbhelpers import checkpoints
 from nbhelpers.engine_core import free_port
@@ -41,20 +40,6 @@ def start_node(node_rank: int, port: int, job: str, script: Path, args: list, lo
                             start_new_session=True)
 
 
-def kill_node(node: subprocess.Popen) -> None:
-    """SIGKILL a torchrun agent and its workers, as if the machine died (torchrun gives each worker its own session)."""
-    try:
-        workers = psutil.Process(node.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        workers = []
-    for process in [*workers, psutil.Process(node.pid)] if node.poll() is None else workers:
-        try:
-            process.kill()
-        except psutil.NoSuchProcess:
-            pass
-    node.wait()
-
-
 def run_two_nodes(recipe: str, args: list, workdir: Path, timeout: float = 240) -> dict:
     """Run a recipe as 2 nodes x 1 process; return the metrics.json its rank 0 wrote."""
     port, job = free_port(), f"test-{uuid.uuid4().hex[:8]}"
@@ -70,7 +55,7 @@ def run_two_nodes(recipe: str, args: list, workdir: Path, timeout: float = 240) 
         pass
     finally:
         for node in nodes:
-            kill_node(node)
+            kill_process_tree(node)
     failed = [(n, node.returncode) for n, node in enumerate(nodes) if node.returncode != 0]
     assert not failed, f"{recipe} failed on nodes {failed}:\n" + "\n".join(
         f"--- node {n} ---\n{logs[n].read_text()[-4000:]}" for n, _ in failed)
@@ -517,13 +502,13 @@ def test_a_dead_node_makes_the_other_fail_with_a_clear_error(tmp_path, standin):
             assert survivor.poll() is None and victim.poll() is None, logs[0].read_text()[-3000:]
             assert time.monotonic() < deadline, "training did not start:\n" + logs[0].read_text()[-3000:]
             time.sleep(0.5)
-        kill_node(victim)  # the whole node: agent and worker
+        kill_process_tree(victim)  # the whole node: agent and worker
         killed = time.monotonic()
         returncode = survivor.wait(timeout=90)
         took = time.monotonic() - killed
     finally:
-        kill_node(survivor)
-        kill_node(victim)
+        kill_process_tree(survivor)
+        kill_process_tree(victim)
     log = logs[0].read_text()
     assert returncode != 0
     assert took < 60, f"the surviving node took {took:.0f} s to fail"

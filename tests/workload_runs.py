@@ -100,7 +100,7 @@ def run_workload(recipe: str, parameters: dict, tmp_path: Path, *, env: dict | N
         except subprocess.TimeoutExpired:
             pass
         finally:
-            _kill_session(proc)
+            kill_process_tree(proc)
     assert proc.returncode == 0, (f"{recipe}'s workload command failed ({proc.returncode}):\n"
                                   f"{shlex.quote(spec['command'])}\n{log.read_text()[-6000:]}")
     assert pip_calls.read_text().splitlines() == [str(REPO), "install --no-deps -e ."], pip_calls.read_text()
@@ -116,8 +116,9 @@ def run_workload(recipe: str, parameters: dict, tmp_path: Path, *, env: dict | N
     return metrics, run
 
 
-def _kill_session(proc: subprocess.Popen) -> None:
-    """End what the command started that still runs (torchrun gives its workers sessions of their own)."""
+def kill_process_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL a launched command and everything it started, as if the machine died (torchrun gives each worker a
+    session of its own, so a process group does not reach them)."""
     import psutil
 
     try:
