@@ -678,6 +678,10 @@ def test_a_second_interrupt_during_the_stop_leaves_no_rank_running(tmp_path):
                             stdout=subprocess.PIPE, text=True, bufsize=1)
     try:
         for attempt in range(attempts):
+            # A launch stuck in an attempt (seen twice under CI's load, 2026-12-05, cause not found yet): its stacks
+            # go to stderr and the script is ended, so the test fails in 90 s with them instead of hanging
+            watchdog = threading.Timer(90, _dump_stacks_then_kill, args=(proc,))
+            watchdog.start()
             running = 0
             while running < 2:
                 line = proc.stdout.readline()
@@ -686,10 +690,6 @@ def test_a_second_interrupt_during_the_stop_leaves_no_rank_running(tmp_path):
             proc.send_signal(signal.SIGINT)
             time.sleep(0.5)
             proc.send_signal(signal.SIGINT)
-            # A launch stuck after the interrupts (seen twice under CI's load, 2026-12-05, cause not found yet): its
-            # stacks go to stderr and the script is ended, so the test fails in 90 s with them instead of hanging
-            watchdog = threading.Timer(90, _dump_stacks_then_kill, args=(proc,))
-            watchdog.start()
             while (line := proc.stdout.readline()) != f"attempt {attempt} ended\n":
                 assert line, (f"the script ended in attempt {attempt} with code {proc.wait()} (killed by the watchdog "
                               "if it was stuck: its stacks are in the captured stderr)")
