@@ -87,7 +87,9 @@ def make_jpeg_folder(root: Path, train_images: int, val_images: int, max_side: i
     for split, count, seed in (("train", train_images, 0), ("val", val_images, 1)):
         step = max(1, count // (processes * 4))
         tasks += [(str(root), split, i, min(i + step, count), max_side, seed) for i in range(0, count, step)]
-    with multiprocessing.get_context("fork").Pool(processes) as pool:
+    # spawn, not fork: a fork of a process with threads (a pytest-xdist worker, a notebook's kernel) can copy a lock
+    # another thread held, and the pool then waits forever (seen in the test suite on 2026-12-05)
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
         done = pool.map(_write_images, tasks)
     seconds = time.perf_counter() - started
     total_bytes, total_pixels, n = sum(b for b, _ in done), sum(p for _, p in done), train_images + val_images
