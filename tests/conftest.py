@@ -79,3 +79,20 @@ def no_mlflow_store_chosen(monkeypatch):
     """Each test starts without MLFLOW_TRACKING_URI: mlflow.set_tracking_uri() in an earlier test sets it in this
     process, and the notebooks and recipes a test starts would track into that test's store instead of their own."""
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+
+# The files that take minutes (each runs notebooks or recipes several times), longest first, as measured on the CI
+# machine on 2026-12-05. pytest-xdist (--dist loadfile) hands files out in collection order, and alphabetical order put
+# the TRL and Unsloth notebooks last: the run's last minutes were one worker finishing a notebook while the others
+# had nothing left. Started first, they run beside the many short files instead.
+LONGEST_FIRST = [
+    "test_axolotl_notebook.py", "test_recipes.py", "test_unsloth_notebook.py", "test_trl_fsdp_gpt_oss_120b.py",
+    "test_trl_deepspeed_llama_3_2_1b.py", "test_trl_ddp_gpt_oss_20b.py", "test_lightning_notebook.py",
+    "test_fsdp2_transformer.py", "test_retinanet_notebook.py", "test_notebooks.py", "test_ray_recipes.py",
+    "test_distributed.py", "test_qwen35_recipe.py", "test_performance_and_resilience.py", "test_ray.py",
+]
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's own order is kept
