@@ -2,10 +2,11 @@
 
 Importing it changes no other library: it only defines what is below.
 """
-from nbhelpers.commands import run_command
-from nbhelpers.launcher import DistributedError, DistributedTimeoutError, LocalExecutionTimeoutError, distributed
+from nbhelpers.launch.commands import run_command
+from nbhelpers.launch.launcher import (DistributedError, DistributedTimeoutError, LocalExecutionTimeoutError,
+                                      distributed)
+from nbhelpers.launch.ray_launcher import ray_launch
 from nbhelpers.params import read_parameters
-from nbhelpers.ray_launcher import ray_launch
 from nbhelpers.runtime import backend, device, get_rank, get_world_size
 
 __all__ = [

@@ -22,7 +22,7 @@ import functools
 import os
 import sys
 
-from nbhelpers.engine_core import check_count, gpu_type_matches
+from nbhelpers.launch.engine_core import check_count, gpu_type_matches
 
 __all__ = ["ray_launch"]
 
@@ -34,7 +34,7 @@ def ray_launch(fn=None, *, gpus: int | None = None, gpu_type=None, remote: bool 
 
     Precondition: Ray is installed here (`pip install "ray[train]"`, the cookbook's `ray` extra).
     """
-    from nbhelpers.launcher import _one_of, _say_what_pools_mean_here
+    from nbhelpers.launch.launcher import _one_of, _say_what_pools_mean_here
 
     gpus = _one_of("gpus", gpus, "num_accelerators", num_accelerators)
     gpu_type = _one_of("gpu_type", gpu_type, "accelerator_type", accelerator_type)
@@ -96,8 +96,8 @@ class RayLaunchFunction:
 
     @contextlib.contextmanager
     def _local_ray(self, ray):
-        from nbhelpers import local_engine
-        from nbhelpers.gpu_lease import GpuLease
+        from nbhelpers.launch import local_engine
+        from nbhelpers.launch.gpu_lease import GpuLease
 
         count = local_engine.world_size(self.gpus)
         visible = local_engine._visible_gpus()

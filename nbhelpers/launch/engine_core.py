@@ -1,5 +1,5 @@
-"""What both engines of `@distributed` do the same way on the notebook's side (nbhelpers.local_engine,
-nbhelpers.ray_engine): one copy of each.
+"""What both engines of `@distributed` do the same way on the notebook's side (nbhelpers.launch.local_engine,
+nbhelpers.launch.ray_engine): one copy of each.
 
 - The error: one `DistributedError` names the failing rank, how it failed and its traceback (`failure_error`).
 - The environment: `torchrun_environment` gives each rank what torchrun would (RANK, WORLD_SIZE, ...).
@@ -11,8 +11,8 @@ nbhelpers.ray_engine): one copy of each.
 - The clean-up: every process of a launch carries its id in NBHELPERS_LAUNCH_ID (children inherit it, in
   whatever process group or session they end up); `stop_launch_processes` ends those left on this node.
 
-What travels to and from a rank (the call, its Outcome) is nbhelpers.payload. Nothing here imports the
-engines, the decorator (nbhelpers.launcher) or torch.
+What travels to and from a rank (the call, its Outcome) is nbhelpers.launch.payload. Nothing here imports the
+engines, the decorator (nbhelpers.launch.launcher) or torch.
 """
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def cancelled(name: str) -> CancelledError:
 
 class RankResults(list):
     """The ranks' return values in rank order, and `system_metrics`: what the launch measured of them
-    (nbhelpers.system_metrics' summary, one value per rank; None where the engine does not sample)."""
+    (nbhelpers.launch.system_metrics' summary, one value per rank; None where the engine does not sample)."""
 
     def __init__(self, values, system_metrics: dict | None = None):
         super().__init__(values)
