@@ -117,6 +117,23 @@ def test_the_engines_share_one_core_and_import_neither_each_other_nor_the_decora
     assert graph["nbhelpers.launch.engine_core"] == set() and graph["nbhelpers.launch.payload"] == set()
 
 
+def test_importing_nbhelpers_imports_nothing_of_ray():
+    script = "import json, sys, nbhelpers; print(json.dumps(sorted(sys.modules)))"
+    loaded = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert not {"ray", "nbhelpers.launch.ray_engine", "nbhelpers.launch.ray_launcher"} & set(json.loads(loaded)), loaded
+
+
+def test_without_ray_installed_each_ray_launch_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # what `import ray` finds where Ray is not installed: nothing
+    launches = {'@distributed(engine="ray")': lambda: distributed(engine="ray")(print).distributed(),
+                "@ray_launch": lambda: nbhelpers.ray_launch(print).distributed(),
+                "remote=True": lambda: distributed(remote=True)(print)}
+    for name, launch in launches.items():
+        with pytest.raises(ModuleNotFoundError, match=re.escape(f'{name} runs on Ray, which is not installed here: '
+                                                                'pip install ".[ray]"')):
+            launch()
+
+
 # --- how many processes --------------------------------------------------------------------------
 
 def test_without_gpus_the_default_is_two_cpu_processes_on_gloo():

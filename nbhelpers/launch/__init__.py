@@ -10,5 +10,6 @@
 - ray_launcher.py    `@ray_launch`: a function that drives Ray itself (`from nbhelpers import ray_launch`)
 - commands.py        `run_command`: a command line (torchrun, `axolotl train`) with its output in the cell
 
-Ray is optional (`pip install ".[ray]"`): only ray_engine.py and ray_launcher.py use it.
+Ray is optional (`pip install ".[ray]"`): only ray_engine.py and ray_launcher.py use it, when a Ray launch runs
+(engine_core.import_ray, which says how to install Ray where it is missing); `import nbhelpers` loads neither.
 """

@@ -10,6 +10,7 @@ nbhelpers.launch.ray_engine): one copy of each.
   thread's Python stack between two snapshots); `stall_error` is the report with every rank's stacks.
 - The clean-up: every process of a launch carries its id in NBHELPERS_LAUNCH_ID (children inherit it, in
   whatever process group or session they end up); `stop_launch_processes` ends those left on this node.
+- Ray, which is optional: `import_ray` imports it when a Ray launch runs, or says how to install it.
 
 What travels to and from a rank (the call, its Outcome) is nbhelpers.launch.payload. Nothing here imports the
 engines, the decorator (nbhelpers.launch.launcher) or torch.
@@ -187,6 +188,19 @@ def accelerator_shape(accelerator_type) -> tuple[int, str]:
                          f"names {', '.join(ACCELERATOR_TYPES)}. (serverless_gpu's spelling of the GPU alone, "
                          "gpu_type='H100', is gpu_type.)")
     return int(match.group(1)), match.group(2)
+
+
+def import_ray(what: str):
+    """The `ray` module, imported for `what` (a Ray launch). Ray is optional (the cookbook's `ray` extra): where it is
+    not installed, one ModuleNotFoundError says what needs it and how to install it."""
+    try:
+        import ray
+    except ModuleNotFoundError as error:
+        if error.name != "ray":
+            raise
+        raise ModuleNotFoundError(f'{what} runs on Ray, which is not installed here: pip install ".[ray]" in the '
+                                  'cookbook\'s folder (its `ray` extra: Ray Train)', name="ray") from None
+    return ray
 
 
 def gpu_type_matches(gpu_type, name: str) -> bool:

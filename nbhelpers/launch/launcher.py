@@ -24,6 +24,7 @@ nbhelpers.launch.engine_core and nbhelpers.launch.payload; neither imports the o
 from __future__ import annotations
 
 import functools
+import importlib.util
 import itertools
 import os
 import sys
@@ -33,7 +34,7 @@ import warnings
 from concurrent.futures import CancelledError, Future
 
 from nbhelpers.launch.engine_core import (DistributedError, DistributedTimeoutError, LocalExecutionTimeoutError,
-                                          RankResults, accelerator_shape, check_count)
+                                          RankResults, accelerator_shape, check_count, import_ray)
 from nbhelpers.launch.payload import pickle_call
 
 __all__ = ["distributed", "DistributedError", "DistributedTimeoutError", "LocalExecutionTimeoutError",
@@ -179,6 +180,8 @@ def _check_ray_reachable() -> None:
     ray = sys.modules.get("ray")  # not imported here: that alone takes seconds
     if (ray is not None and ray.is_initialized()) or os.environ.get("RAY_ADDRESS"):
         return
+    if importlib.util.find_spec("ray") is None:
+        import_ray("remote=True")  # not installed: raises, saying how to install it
     raise RuntimeError(
         "remote=True runs the function on the GPUs of a Ray cluster, and this process is attached to none. "
         'Call ray.init(address="HEAD_IP:6379") (or set RAY_ADDRESS) before the launch, or use remote=False '

@@ -48,7 +48,7 @@ from concurrent.futures import CancelledError
 
 from nbhelpers.launch.engine_core import (DEFAULT_CPU_PROCESSES, DistributedError, Printers, ProgressWatch,
                                           RankResults, cancelled, failure_error, free_port, gpu_type_matches,
-                                          main_thread_stack, stall_error, stop_launch_processes,
+                                          import_ray, main_thread_stack, stall_error, stop_launch_processes,
                                           torchrun_environment)
 from nbhelpers.launch.payload import read_outcome, run_call
 
@@ -66,7 +66,7 @@ def run(name: str, payload: bytes, *, gpus: int | None, output: str, stall_timeo
     RAY_ADDRESS names). label, cancel, restart, max_restarts: as local_engine.run. The ranks' system metrics are not
     sampled here (`system_metrics` is None; Ray's dashboard shows the nodes'), so mlflow_run_id is unused.
     """
-    import ray
+    ray = import_ray('@distributed(engine="ray")')
 
     if not ray.is_initialized() and os.environ.get("RAY_ADDRESS"):
         ray.init()  # joins the cluster at RAY_ADDRESS
