@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from nbhelpers import checkpoints, runtime
-from nbhelpers.flops import flops_per_token, matmul_parameters
+from nbhelpers.planner.flops import flops_per_token, matmul_parameters
 from nbhelpers.metrics import mlflow_experiment, mlflow_tracking_uri
 
 
@@ -261,7 +261,7 @@ def tokenize_prompt_response(tokenizer, prompt: str, response: str, max_length: 
 
 
 # --------------------------------------------------------------------------------------------------
-# FLOPs and MFU (the formula itself is nbhelpers.flops: the performance notebook uses it too)
+# FLOPs and MFU (the formula itself is nbhelpers.planner.flops: the performance notebook uses it too)
 # --------------------------------------------------------------------------------------------------
 def model_sizes(model, seq_len: int) -> dict:
     """Parameters, matmul parameters and FLOPs per token at `seq_len` (count them before sharding)."""

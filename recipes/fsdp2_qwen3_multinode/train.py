@@ -44,7 +44,7 @@ from transformers.masking_utils import flex_attention_mask
 from trl.chat_template_utils import get_training_chat_template
 
 from nbhelpers import checkpoints
-from nbhelpers.flops import FLOP_FORMULA, peak_flops
+from nbhelpers.planner.flops import FLOP_FORMULA, peak_flops
 from nbhelpers.metrics import peak_memory_bytes, write_metrics
 
 HERE = Path(__file__).resolve().parent

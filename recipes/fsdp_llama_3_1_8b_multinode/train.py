@@ -34,7 +34,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from nbhelpers import checkpoints
-from nbhelpers.flops import FLOP_FORMULA, peak_flops
+from nbhelpers.planner.flops import FLOP_FORMULA, peak_flops
 from nbhelpers.metrics import peak_memory_bytes, write_metrics
 
 HERE = Path(__file__).resolve().parent

@@ -154,14 +154,14 @@ def simulate_gpus(value: str) -> None:
 
 
 def simulate_gpu_memory(value: str) -> None:
-    """The memory planner's pre-flight check (nbhelpers.fits) sees COUNTxGIB GPUs ("1x39.4": one 40 GB A100), as
-    a notebook on such a machine would; nothing else sees them (the ranks still run on the CPU)."""
+    """The memory planner's pre-flight check (nbhelpers.planner.fits) sees COUNTxGIB GPUs ("1x39.4": one 40 GB
+    A100), as a notebook on such a machine would; nothing else sees them (the ranks still run on the CPU)."""
     count, gib = value.split("x")
 
     def patch(module):
         module.visible_gpus = lambda: [("simulated GPU", float(gib))] * int(count)
 
-    when_imported("nbhelpers.fits", patch)
+    when_imported("nbhelpers.planner.fits", patch)
 
 
 def record_trainer(value: str) -> None:
