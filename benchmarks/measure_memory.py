@@ -30,7 +30,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from nbhelpers.metrics import environment, peak_memory_bytes
+from nbhelpers.training.metrics import environment, peak_memory_bytes
 from nbhelpers.planner.plan import plan
 
 TESTS = Path(__file__).resolve().parents[1] / "tests"

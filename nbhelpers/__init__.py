@@ -6,8 +6,9 @@ first use; Ray itself only when a Ray launch runs).
 from nbhelpers.launch.commands import run_command
 from nbhelpers.launch.launcher import (DistributedError, DistributedTimeoutError, LocalExecutionTimeoutError,
                                       distributed)
-from nbhelpers.params import read_parameters
-from nbhelpers.runtime import backend, device, get_rank, get_world_size
+from nbhelpers.training import runtime  # serverless_gpu's `runtime`: `from nbhelpers import runtime as rt`
+from nbhelpers.training.params import read_parameters
+from nbhelpers.training.runtime import backend, device, get_rank, get_world_size
 
 __all__ = [
     "distributed",

@@ -84,7 +84,7 @@ def kill_rank_while_writing_checkpoint(value: str) -> None:
 
 
 def kill_rank_after_checkpoint(value: str) -> None:
-    """The last rank is SIGKILLed once the checkpoint number `value` is sealed (nbhelpers.checkpoints.seal returned
+    """The last rank is SIGKILLed once the checkpoint number `value` is sealed (nbhelpers.training.checkpoints.seal returned
     on that rank: the manifest is written), e.g. right after the Trainer's first checkpoint with value 1."""
     after = int(value)
     sealed = 0
@@ -102,7 +102,7 @@ def kill_rank_after_checkpoint(value: str) -> None:
 
         module.seal = seal_then_die
 
-    when_imported("nbhelpers.checkpoints", patch)
+    when_imported("nbhelpers.training.checkpoints", patch)
 
 
 def record_checkpoint_writers(value: str) -> None:

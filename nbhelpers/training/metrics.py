@@ -49,7 +49,7 @@ def mlflow_tracking_uri(output_dir, tracking_uri: str | None = None) -> str:
     the workspace ("databricks"), else one SQLite store for every run of the project: the folder above output_dir.
 
     The notebooks' runs go to `runs/<name>` under the cookbook's root by default (read_parameters() starts a relative
-    output_dir there: nbhelpers.params.cookbook_root, $COOKBOOK_ROOT or the repository), so all of them land in
+    output_dir there: nbhelpers.training.params.cookbook_root, $COOKBOOK_ROOT or the repository), so all of them land in
     `runs/mlflow.db` there, one store to browse from the repository's folder:
     `mlflow ui --backend-store-uri sqlite:///runs/mlflow.db`.
     """

@@ -152,14 +152,14 @@ def check_trl_loss_runs_here() -> None:
 def start_mlflow_run(args, experiment: str) -> str:
     """Start this notebook run's MLflow run, log the notebook's settings (as `notebook.<name>`), return its id.
 
-    The store: nbhelpers.metrics.mlflow_tracking_uri (MLFLOW_TRACKING_URI, else the project's store beside
+    The store: nbhelpers.training.metrics.mlflow_tracking_uri (MLFLOW_TRACKING_URI, else the project's store beside
     args.output_dir). The Trainer's MLflow callback (`report_to=["mlflow"]`, rank 0) logs its settings and metrics into the same
     run: it reads MLFLOW_RUN_ID, set here and inherited by the ranks, and with MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING
     MLflow samples CPU, memory and (where nvidia-ml-py is installed) GPU use while it trains.
     """
     import mlflow
 
-    from nbhelpers.metrics import mlflow_experiment, mlflow_tracking_uri
+    from nbhelpers.training.metrics import mlflow_experiment, mlflow_tracking_uri
 
     os.environ.pop("MLFLOW_RUN_ID", None)  # a second run of the notebook in this kernel starts a new MLflow run
     tracking_uri = mlflow_tracking_uri(args.output_dir)
