@@ -30,8 +30,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-from nbhelpers.training.metrics import environment, peak_memory_bytes
 from nbhelpers.planner.plan import plan
+from nbhelpers.training.metrics import environment, peak_memory_bytes
 
 TESTS = Path(__file__).resolve().parents[1] / "tests"
 sys.path[:0] = [str(TESTS), str(TESTS / "hooks")]  # the offline stand-ins and the CPU dry run's DeepSpeed fix

@@ -21,9 +21,9 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-from nbhelpers.training import checkpoints, runtime
 from nbhelpers.planner.flops import flops_per_token, matmul_parameters
-from nbhelpers.training.metrics import mlflow_experiment, mlflow_tracking_uri
+from nbhelpers.training import checkpoints, runtime
+from nbhelpers.training.tracking import mlflow_experiment, mlflow_tracking_uri
 
 
 ALPACA_PROMPT_WITH_INPUT = (

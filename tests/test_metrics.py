@@ -47,7 +47,7 @@ def test_a_fact_without_meaning_for_one_rank_is_written_as_null(tmp_path):
 
 
 def test_mlflow_tracking_uri_defaults_to_one_store_beside_every_run(tmp_path):
-    from nbhelpers.training.metrics import mlflow_tracking_uri
+    from nbhelpers.training.tracking import mlflow_tracking_uri
 
     assert mlflow_tracking_uri(tmp_path / "runs" / "a") == mlflow_tracking_uri(tmp_path / "runs" / "b")
     assert mlflow_tracking_uri(tmp_path / "runs" / "a") == f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
@@ -57,7 +57,7 @@ def test_mlflow_tracking_uri_defaults_to_one_store_beside_every_run(tmp_path):
 def test_mlflow_experiment_of_a_local_store_keeps_its_artifacts_beside_the_store(tmp_path, monkeypatch):
     import mlflow
 
-    from nbhelpers.training.metrics import mlflow_experiment, mlflow_tracking_uri
+    from nbhelpers.training.tracking import mlflow_experiment, mlflow_tracking_uri
 
     monkeypatch.chdir(tmp_path)  # MLflow's default would be ./mlruns here
     uri = mlflow_tracking_uri(tmp_path / "runs" / "a")

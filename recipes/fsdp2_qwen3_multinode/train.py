@@ -43,8 +43,8 @@ from transformers.integrations.flex_attention import flex_attention_forward
 from transformers.masking_utils import flex_attention_mask
 from trl.chat_template_utils import get_training_chat_template
 
-from nbhelpers.training import checkpoints
 from nbhelpers.planner.flops import FLOP_FORMULA, peak_flops
+from nbhelpers.training import checkpoints
 from nbhelpers.training.metrics import peak_memory_bytes, write_metrics
 
 HERE = Path(__file__).resolve().parent

@@ -33,8 +33,8 @@ from tqdm import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-from nbhelpers.training import checkpoints
 from nbhelpers.planner.flops import FLOP_FORMULA, peak_flops
+from nbhelpers.training import checkpoints
 from nbhelpers.training.metrics import peak_memory_bytes, write_metrics
 
 HERE = Path(__file__).resolve().parent
