@@ -84,8 +84,8 @@ def kill_rank_while_writing_checkpoint(value: str) -> None:
 
 
 def kill_rank_after_checkpoint(value: str) -> None:
-    """The last rank is SIGKILLed once the checkpoint number `value` is sealed (nbhelpers.training.checkpoints.seal returned
-    on that rank: the manifest is written), e.g. right after the Trainer's first checkpoint with value 1."""
+    """The last rank is SIGKILLed once the checkpoint number `value` is sealed (nbhelpers.training.checkpoints.seal
+    returned on that rank: the manifest is written), e.g. right after the Trainer's first checkpoint with value 1."""
     after = int(value)
     sealed = 0
 
