@@ -76,7 +76,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
     from trl import SFTTrainer
 
-    from nbhelpers.hf import StepTimer, logged
+    from nbhelpers.training.trainer_log import StepTimer, logged
 
     nb = notebook_functions(NOTEBOOKS[cli.model])
     defaults = {"gpt-oss-20b": 4, "gpt-oss-120b": 2}

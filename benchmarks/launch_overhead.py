@@ -116,7 +116,7 @@ def main():
         return
 
     sys.path.insert(0, str(HERE.parents[1]))
-    from nbhelpers.metrics import environment
+    from nbhelpers.training.metrics import environment
 
     results = {}
     for variant in ("distributed", "torchrun", "mp_spawn", "accelerate_notebook_launcher"):

@@ -1,4 +1,4 @@
-"""Measured peak memory per GPU of a few training steps, next to nbhelpers.plan's estimate.
+"""Measured peak memory per GPU of a few training steps, next to nbhelpers.planner.plan's estimate.
 
     torchrun --nproc-per-node 2 benchmarks/measure_memory.py --arch llama-3.2-1b --seq-len 2048 \\
         --micro-batch 4 --technique ddp fsdp2 fsdp2+ckpt zero3 --out results/planner/llama.json
@@ -30,8 +30,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-from nbhelpers.metrics import environment, peak_memory_bytes
-from nbhelpers.plan import plan
+from nbhelpers.planner.plan import plan
+from nbhelpers.training.metrics import environment, peak_memory_bytes
 
 TESTS = Path(__file__).resolve().parents[1] / "tests"
 sys.path[:0] = [str(TESTS), str(TESTS / "hooks")]  # the offline stand-ins and the CPU dry run's DeepSpeed fix

@@ -12,7 +12,7 @@ so every micro-batch is a full 2048-token batch (FineTome's own conversations ar
 The loss covers every token in both (masking prompts does not change the work done).
 The engines run in separate processes: importing Unsloth patches Transformers, PEFT and TRL for good.
 `--engine unsloth-late` is Unsloth imported after Transformers and PEFT, as the notebook's ranks did until
-2026-12-04 (they loaded nbhelpers.hf first): Unsloth then warns that some optimisations are missing; this measures them.
+2026-12-04 (they loaded the helpers, then nbhelpers.hf, first): Unsloth then warns that some optimisations are missing; this measures them.
 Without a GPU it runs on the CPU (fp32, torch AdamW, gloo) so that its logic can be tested with a tiny stand-in.
 The flags take the cookbook's names for its settings (README, "One name for each setting").
 """
@@ -56,7 +56,7 @@ import torch.distributed as dist  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from trl import SFTConfig, SFTTrainer  # noqa: E402
 
-from nbhelpers.hf import StepTimer, logged  # noqa: E402
+from nbhelpers.training.trainer_log import StepTimer, logged  # noqa: E402
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

@@ -21,9 +21,9 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-from nbhelpers import checkpoints, runtime
-from nbhelpers.flops import flops_per_token, matmul_parameters
-from nbhelpers.metrics import mlflow_experiment, mlflow_tracking_uri
+from nbhelpers.planner.flops import flops_per_token, matmul_parameters
+from nbhelpers.training import checkpoints, runtime
+from nbhelpers.training.tracking import mlflow_experiment, mlflow_tracking_uri
 
 
 ALPACA_PROMPT_WITH_INPUT = (
@@ -261,7 +261,7 @@ def tokenize_prompt_response(tokenizer, prompt: str, response: str, max_length: 
 
 
 # --------------------------------------------------------------------------------------------------
-# FLOPs and MFU (the formula itself is nbhelpers.flops: the performance notebook uses it too)
+# FLOPs and MFU (the formula itself is nbhelpers.planner.flops: the performance notebook uses it too)
 # --------------------------------------------------------------------------------------------------
 def model_sizes(model, seq_len: int) -> dict:
     """Parameters, matmul parameters and FLOPs per token at `seq_len` (count them before sharding)."""
@@ -272,7 +272,7 @@ def model_sizes(model, seq_len: int) -> dict:
 
 # --------------------------------------------------------------------------------------------------
 # Distributed checkpoints of a sharded model (FSDP or FSDP2): every rank writes its own shards, resumable on any
-# number of ranks; sealed and verified by nbhelpers.checkpoints
+# number of ranks; sealed and verified by nbhelpers.training.checkpoints
 # --------------------------------------------------------------------------------------------------
 class Resumed(NamedTuple):
     path: Path | None = None  # the checkpoint; None: a fresh start
@@ -281,7 +281,7 @@ class Resumed(NamedTuple):
 
 
 def save_checkpoint(model, optimizer, step: int, losses: list, checkpoint_dir: Path, keep: int) -> Path:
-    """step_N, written as nbhelpers.checkpoints does: into step_N.tmp, manifest last, renamed into place."""
+    """step_N, written as nbhelpers.training.checkpoints does: into step_N.tmp, manifest last, renamed into place."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -344,7 +344,7 @@ def checkpoint_dir_to_use(args) -> Path:
 
 
 def _has_checkpoints(folder: Path) -> bool:
-    # step_N.tmp, step_N.old: a save in progress, a checkpoint being replaced (nbhelpers.checkpoints), no resume point
+    # step_N.tmp, step_N.old: a save in progress, a checkpoint being replaced (nbhelpers.training.checkpoints), no resume point
     return any(p.is_dir() and not p.name.endswith((".tmp", ".old")) for p in folder.glob("step_*"))
 
 

@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-import nbhelpers.local_engine as local_engine
+import nbhelpers.launch.local_engine as local_engine
 from nbhelpers import DistributedError, distributed
 
 

@@ -1,6 +1,6 @@
 """Offline stand-ins for the cookbook's models, for the tests and the GPU benchmarks: the real architecture class,
 random weights, a small tokenizer. Not part of the package users import (nbhelpers); the published dimensions are
-nbhelpers.model_configs' (which the memory planner uses).
+nbhelpers.planner.model_configs' (which the memory planner uses).
 
 No machine of this project reaches a model hub, yet notebooks and recipes must run their real loading
 code (`AutoModelForCausalLM.from_pretrained(model_name)`). A stand-in is a folder that loads exactly
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from nbhelpers import model_configs
+from nbhelpers.planner import model_configs
 
 ASSETS = Path(__file__).resolve().parent / "standin_assets"
 BASE_TOKENIZER = ASSETS / "tokenizer.json"  # data/make_tokenizer.py trains it
@@ -131,7 +131,7 @@ class Arch:
     eos: str
     pad: str | None
     generation_eos: tuple  # generation_config.eos_token_id (every token that ends a reply)
-    tiny: dict  # the published config fields (nbhelpers.model_configs) at toy size (vocab_size is the tokenizer's)
+    tiny: dict  # the published config fields (planner.model_configs) at toy size (vocab_size is the tokenizer's)
 
 
 LLAMA3_TOKENS = dict(bos="<|begin_of_text|>", eos="<|eot_id|>", pad=None,
@@ -155,7 +155,7 @@ QWEN3_5_TINY = dict(model_configs.QWEN3_5, hidden_size=64, intermediate_size=128
                     linear_num_value_heads=6, linear_key_head_dim=16, linear_value_head_dim=16)
 OLMO3_ROPE = model_configs.MODELS["olmo-3-7b"].fields["rope_parameters"]
 
-ARCHS = {  # the published dimensions are nbhelpers.model_configs'; here the tokenizer and the tiny size
+ARCHS = {  # the published dimensions are nbhelpers.planner.model_configs'; here the tokenizer and the tiny size
     "gpt-oss-20b": Arch("gpt-oss", **GPT_OSS_TOKENS, tiny=GPT_OSS_TINY),
     "gpt-oss-120b": Arch("gpt-oss", **GPT_OSS_TOKENS, tiny=GPT_OSS_TINY),
     "llama-3.2-1b": Arch("llama3", **LLAMA3_TOKENS, tiny=dict(LLAMA3_TINY, tie_word_embeddings=True,

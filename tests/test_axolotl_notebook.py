@@ -6,7 +6,7 @@ command, to exactly the losses of the uninterrupted run; bad input stops the not
 The YAML (tests/axolotl_user_config.yml) is the notebook's recipe with the smoke case's sizes written in, so the run
 it drives must reproduce the smoke run (the notebook_run fixture runs that once per session), and the killed and
 resumed run is that YAML-driven run. The kill is real: the `kill_rank_after_checkpoint` test hook SIGKILLs the
-training process once its first checkpoint is sealed (by the notebook's plugin nbhelpers.axolotl_plugins).
+training process once its first checkpoint is sealed (by the notebook's plugin nbhelpers.training.axolotl_plugins).
 """
 import contextlib
 import dataclasses
@@ -19,7 +19,7 @@ import torch
 import yaml
 
 from harness import REPO, assert_case_passes, hook_records, output_text, run_notebook
-from nbhelpers import checkpoints
+from nbhelpers.training import checkpoints
 from notebook_cases import CASES
 
 NOTEBOOK = "notebooks/axolotl/ddp_olmo3_7b.ipynb"

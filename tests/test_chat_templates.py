@@ -9,7 +9,7 @@ from transformers import AutoTokenizer
 from trl.chat_template_utils import get_training_chat_template
 
 import standins
-from nbhelpers import model_configs
+from nbhelpers.planner import model_configs
 
 TRL_COPIES = Path(trl.__file__).parent / "chat_templates"
 COPIED_FROM = {"gpt_oss.jinja": "gptoss.jinja", "llama_3_2.jinja": "llama3_2.jinja", "llama_3_1.jinja": "llama3_1.jinja",

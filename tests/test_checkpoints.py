@@ -1,4 +1,4 @@
-"""nbhelpers.checkpoints: a checkpoint is resumed from only when every file it wrote is there, whole and unchanged.
+"""nbhelpers.training.checkpoints: a checkpoint is resumed from only when every file it wrote is there, whole and unchanged.
 
 The crashes are real (SIGKILL of a process in the middle of writing), the full disk is simulated (ENOSPC
 raised while the manifest is written), the damage is done to the bytes on disk.
@@ -16,8 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from nbhelpers import checkpoints
-from nbhelpers.checkpoints import CheckpointError
+from nbhelpers.training import checkpoints
+from nbhelpers.training.checkpoints import CheckpointError
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
@@ -26,7 +26,7 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("P
 KILLED_WHILE_WRITING = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from nbhelpers import checkpoints
+    from nbhelpers.training import checkpoints
     parent, step, content = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     with checkpoints.saving(parent / f"step_{step}", {"step": step, "content": content}) as folder:
         (folder / "shard_0.bin").write_bytes(content.encode() * 50_000)
@@ -198,7 +198,7 @@ TWO_RANKS = textwrap.dedent("""
     import os, sys
     from pathlib import Path
     import torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
-    from nbhelpers import checkpoints
+    from nbhelpers.training import checkpoints
     dist.init_process_group("gloo")
     rank, parent = dist.get_rank(), Path(sys.argv[1])
     for step in (1, 2):

@@ -27,9 +27,9 @@ import torch
 import torch.distributed as dist
 
 import nbhelpers
-import nbhelpers.local_engine as local_engine
+import nbhelpers.launch.local_engine as local_engine
 from nbhelpers import DistributedError, backend, distributed
-from nbhelpers.gpu_lease import GpuLease
+from nbhelpers.launch.gpu_lease import GpuLease
 from launcher_checks import assert_a_stall_names_every_ranks_stack, simulate_gpus
 from timed_stream import TimedStream
 
@@ -67,19 +67,26 @@ def assert_nothing_left_running(root_pid=None):
 def nbhelpers_imports() -> dict:
     """{module: the nbhelpers modules its code imports}, imports inside functions (lazy) included."""
     package = Path(nbhelpers.__file__).parent
-    modules = {"nbhelpers"} | {f"nbhelpers.{p.stem}" for p in package.glob("*.py") if p.stem != "__init__"}
+
+    def name(path: Path) -> str:  # nbhelpers/launch/__init__.py: nbhelpers.launch; nbhelpers/launch/payload.py: ...
+        parts = ("nbhelpers", *path.relative_to(package).with_suffix("").parts)
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    paths = {name(path): path for path in package.rglob("*.py")}
     graph = {}
-    for path in package.glob("*.py"):
-        module = "nbhelpers" if path.stem == "__init__" else f"nbhelpers.{path.stem}"
+    for module, path in paths.items():
         imported = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 imported |= {a.name for a in node.names}
             elif isinstance(node, ast.ImportFrom):
-                base = node.module if not node.level else ".".join(["nbhelpers", node.module or ""]).rstrip(".")
-                submodules = {f"{base}.{a.name}" for a in node.names} & modules
-                imported |= submodules or {base}  # `from nbhelpers import local_engine` imports the submodule
-        graph[module] = (imported & modules) - {module}
+                here = module if path.stem == "__init__" else module.rpartition(".")[0]  # what `from .` names
+                for _ in range(node.level - 1):
+                    here = here.rpartition(".")[0]
+                base = node.module if not node.level else ".".join(filter(None, [here, node.module]))
+                submodules = {f"{base}.{a.name}" for a in node.names} & paths.keys()
+                imported |= submodules or {base}  # `from nbhelpers.launch import local_engine` imports the submodule
+        graph[module] = (imported & paths.keys()) - {module}
     return graph
 
 
@@ -103,10 +110,28 @@ def test_the_import_graph_of_nbhelpers_has_no_circle():
 
 def test_the_engines_share_one_core_and_import_neither_each_other_nor_the_decorator():
     graph = nbhelpers_imports()
-    for engine in ("nbhelpers.local_engine", "nbhelpers.ray_engine"):
-        assert {"nbhelpers.engine_core", "nbhelpers.payload"} <= graph[engine]
-        assert not graph[engine] & {"nbhelpers.local_engine", "nbhelpers.ray_engine", "nbhelpers.launcher", "nbhelpers"}, graph[engine]
-    assert graph["nbhelpers.engine_core"] == set() and graph["nbhelpers.payload"] == set()
+    for engine in ("nbhelpers.launch.local_engine", "nbhelpers.launch.ray_engine"):
+        assert {"nbhelpers.launch.engine_core", "nbhelpers.launch.payload"} <= graph[engine]
+        others = {"nbhelpers.launch.local_engine", "nbhelpers.launch.ray_engine", "nbhelpers.launch.launcher", "nbhelpers"}
+        assert not graph[engine] & others, graph[engine]
+    assert graph["nbhelpers.launch.engine_core"] == set() and graph["nbhelpers.launch.payload"] == set()
+
+
+def test_importing_nbhelpers_imports_nothing_of_ray():
+    script = "import json, sys, nbhelpers; print(json.dumps(sorted(sys.modules)))"
+    loaded = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert not {"ray", "nbhelpers.launch.ray_engine", "nbhelpers.launch.ray_launcher"} & set(json.loads(loaded)), loaded
+
+
+def test_without_ray_installed_each_ray_launch_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # what `import ray` finds where Ray is not installed: nothing
+    launches = {'@distributed(engine="ray")': lambda: distributed(engine="ray")(print).distributed(),
+                "@ray_launch": lambda: nbhelpers.ray_launch(print).distributed(),
+                "remote=True": lambda: distributed(remote=True)(print)}
+    for name, launch in launches.items():
+        with pytest.raises(ModuleNotFoundError, match=re.escape(f'{name} runs on Ray, which is not installed here: '
+                                                                'pip install ".[ray]"')):
+            launch()
 
 
 # --- how many processes --------------------------------------------------------------------------
@@ -529,7 +554,7 @@ def assert_a_peer_that_lost_its_connection_is_said_in_words(err):
 
 
 def test_a_peers_lost_connection_is_said_in_words_and_another_later_error_is_quoted():
-    from nbhelpers.engine_core import later_failures_text
+    from nbhelpers.launch.engine_core import later_failures_text
 
     gloo = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error "
             "[127.0.0.1]:15284: Connection reset by peer. This is typically caused by a remote worker crashing. GLHF! \U0001f3d6")
@@ -641,7 +666,7 @@ DOUBLE_INTERRUPTS = """
 import faulthandler, signal, sys, time
 faulthandler.register(signal.SIGUSR2, all_threads=True)  # the test's watchdog asks for the stacks of a stuck launch
 import nbhelpers
-import nbhelpers.local_engine as local_engine
+import nbhelpers.launch.local_engine as local_engine
 from nbhelpers import distributed
 
 local_engine.TERMINATE_GRACE_S = 1.0  # the second interrupt (after 0.5 s) arrives while the stop waits on SIGTERM
@@ -980,7 +1005,7 @@ def test_a_launch_waits_for_the_gpu_another_launch_holds(monkeypatch, tmp_path, 
 
 HOLDS_GPU_0 = """
 import sys, time
-from nbhelpers.gpu_lease import GpuLease
+from nbhelpers.launch.gpu_lease import GpuLease
 with GpuLease(["0", "1"], 1, holder="another notebook") as gpus:
     print("holding", gpus, flush=True)
     time.sleep(300)
@@ -1274,7 +1299,7 @@ def test_a_ranks_traceback_in_a_notebook_names_the_cell_and_shows_its_line(kerne
 
 def test_the_rendezvous_port_is_free_and_outside_the_range_the_kernel_hands_out():
     # a port from bind(0) can be handed to someone else (gloo's pairs, another run) before rank 0 binds it
-    from nbhelpers.engine_core import free_port
+    from nbhelpers.launch.engine_core import free_port
 
     with open("/proc/sys/net/ipv4/ip_local_port_range") as ranges:
         ephemeral_low = int(ranges.read().split()[0])

@@ -20,7 +20,7 @@ from torch.distributed.checkpoint import FileSystemReader
 import re
 
 from harness import assert_case_passes, case_ids, hook_records, output_text, run_notebook
-from nbhelpers import checkpoints
+from nbhelpers.training import checkpoints
 from notebook_cases import CASES, NotebookCase
 
 NOTEBOOK = "notebooks/pytorch/fsdp2_transformer.ipynb"

@@ -1,9 +1,10 @@
-"""nbhelpers.hf: tokens/s after the warm-up steps; clear errors for a model or dataset that cannot be found."""
+"""The Hugging Face helpers: tokens/s after the warm-up steps (nbhelpers.training.trainer_log); clear errors for a
+model or dataset that cannot be found (nbhelpers.training.hub)."""
 from types import SimpleNamespace
 
 import pytest
 
-from nbhelpers.hf import StepTimer
+from nbhelpers.training.trainer_log import StepTimer
 
 
 def _timer(times, tokens):
@@ -40,7 +41,7 @@ def test_step_timer_records_the_trainers_token_count():
 
 
 def test_a_missing_local_model_folder_is_named_and_not_looked_up_on_the_hub(tmp_path):
-    from nbhelpers.hf import NotFoundError, find_model
+    from nbhelpers.training.hub import NotFoundError, find_model
 
     with pytest.raises(NotFoundError, match=f"no such file or folder: {tmp_path / 'nope'}.*on disk only"):
         find_model(str(tmp_path / "nope"))
@@ -49,7 +50,7 @@ def test_a_missing_local_model_folder_is_named_and_not_looked_up_on_the_hub(tmp_
 
 
 def test_a_hub_model_that_cannot_be_fetched_says_where_it_looked_and_how_to_pass_a_token(monkeypatch):
-    from nbhelpers.hf import NotFoundError, find_model
+    from nbhelpers.training.hub import NotFoundError, find_model
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(NotFoundError) as error:
@@ -60,7 +61,7 @@ def test_a_hub_model_that_cannot_be_fetched_says_where_it_looked_and_how_to_pass
 
 
 def test_a_missing_local_dataset_folder_is_named(tmp_path):
-    from nbhelpers.hf import NotFoundError, find_dataset
+    from nbhelpers.training.hub import NotFoundError, find_dataset
 
     with pytest.raises(NotFoundError, match=f"no such file or folder: {tmp_path / 'capybara'}"):
         find_dataset(str(tmp_path / "capybara"))
@@ -68,7 +69,7 @@ def test_a_missing_local_dataset_folder_is_named(tmp_path):
 
 
 def test_push_to_hub_without_a_token_says_how_to_pass_one(monkeypatch, tmp_path):
-    from nbhelpers.hf import check_push_to_hub
+    from nbhelpers.training.hub import check_push_to_hub
 
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setattr("huggingface_hub.constants.HF_TOKEN_PATH", str(tmp_path / "token"))  # no `hf auth login`

@@ -60,7 +60,7 @@ def test_every_lower_bound_is_the_tested_version():
 
 def test_gpu_system_metrics_have_their_nvml_binding_declared():
     assert any(r.name == "nvidia-ml-py" for r in requirements()), "without it GPU metrics come back empty"
-    import pynvml  # noqa: F401  (what MLflow and nbhelpers.system_metrics read GPUs with)
+    import pynvml  # noqa: F401  (what MLflow and nbhelpers.launch.system_metrics read GPUs with)
 
 
 def test_jupyterlab_opens_after_the_documented_install():

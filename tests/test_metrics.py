@@ -1,9 +1,9 @@
-"""nbhelpers.metrics.write_metrics: one call turns the ranks' results into metrics.json."""
+"""nbhelpers.training.metrics.write_metrics: one call turns the ranks' results into metrics.json."""
 import json
 
 import torch
 
-from nbhelpers.metrics import write_metrics
+from nbhelpers.training.metrics import write_metrics
 
 RESULTS = [  # what train.distributed(args) returns on 2 ranks
     {"losses": [2.0, 1.0], "samples_per_s": 90.0, "peak_memory_bytes": 100, "params": torch.ones(8),
@@ -47,7 +47,7 @@ def test_a_fact_without_meaning_for_one_rank_is_written_as_null(tmp_path):
 
 
 def test_mlflow_tracking_uri_defaults_to_one_store_beside_every_run(tmp_path):
-    from nbhelpers.metrics import mlflow_tracking_uri
+    from nbhelpers.training.tracking import mlflow_tracking_uri
 
     assert mlflow_tracking_uri(tmp_path / "runs" / "a") == mlflow_tracking_uri(tmp_path / "runs" / "b")
     assert mlflow_tracking_uri(tmp_path / "runs" / "a") == f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
@@ -57,7 +57,7 @@ def test_mlflow_tracking_uri_defaults_to_one_store_beside_every_run(tmp_path):
 def test_mlflow_experiment_of_a_local_store_keeps_its_artifacts_beside_the_store(tmp_path, monkeypatch):
     import mlflow
 
-    from nbhelpers.metrics import mlflow_experiment, mlflow_tracking_uri
+    from nbhelpers.training.tracking import mlflow_experiment, mlflow_tracking_uri
 
     monkeypatch.chdir(tmp_path)  # MLflow's default would be ./mlruns here
     uri = mlflow_tracking_uri(tmp_path / "runs" / "a")

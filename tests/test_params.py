@@ -7,7 +7,7 @@ import papermill
 import pytest
 
 from harness import REPO
-from nbhelpers.params import INJECTED_HEADER, ParameterError, parameters_from_cells
+from nbhelpers.training.params import INJECTED_HEADER, ParameterError, parameters_from_cells
 
 PARAMETERS_CELL = '''output_dir = "runs/x"  # where metrics.json goes
 num_gpus = None  # processes to start
@@ -89,7 +89,7 @@ def read_in_a_kernel_running_in(folder, monkeypatch, *cells):
     """read_parameters() as a kernel whose cells were `cells` and whose current folder is `folder` finds them."""
     import types
 
-    import nbhelpers.params as params
+    import nbhelpers.training.params as params
 
     monkeypatch.chdir(folder)
     shell = types.SimpleNamespace(user_ns={"In": ["", *cells]})
@@ -100,7 +100,7 @@ def read_in_a_kernel_running_in(folder, monkeypatch, *cells):
 def test_one_mlflow_store_for_the_cookbook_whichever_folder_the_kernel_runs_in(tmp_path, monkeypatch):
     # JupyterLab runs a kernel in its notebook's folder, papermill in the caller's: the default output_dir
     # "runs/x" means the repository's runs/x in each, and so one store, the one the README's `mlflow ui` line opens
-    from nbhelpers.metrics import mlflow_tracking_uri
+    from nbhelpers.training.tracking import mlflow_tracking_uri
 
     monkeypatch.delenv("COOKBOOK_ROOT", raising=False)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

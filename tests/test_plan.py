@@ -1,4 +1,4 @@
-"""nbhelpers.plan: hand-counted parameter and optimizer terms, the activation formula against the bytes
+"""nbhelpers.planner.plan: hand-counted parameter and optimizer terms, the activation formula against the bytes
 autograd really saves, clear answers to bad inputs, and the estimates against measured GPU peaks."""
 import json
 import subprocess
@@ -10,8 +10,8 @@ import torch
 from transformers import GptOssConfig, LlamaConfig
 
 import standins
-from nbhelpers.plan import (GIB, NF4_BYTES, OFFLOAD_TECHNIQUES, TECHNIQUES, activation_bytes_per_token, build_parser,
-                            count_parameters, load_model, plan)
+from nbhelpers.planner.plan import (GIB, NF4_BYTES, OFFLOAD_TECHNIQUES, TECHNIQUES, activation_bytes_per_token,
+                                    build_parser, count_parameters, load_model, plan)
 
 REPO = Path(__file__).resolve().parents[1]
 # Written by benchmarks/gpu/planner.sh on the 2x H200 machine; the lead copies them here.
@@ -341,7 +341,7 @@ def test_four_bit_without_lora_is_refused_with_advice():
 
 
 def test_cli_json_holds_every_technique_and_the_answer():
-    command = [sys.executable, "-m", "nbhelpers.plan", "qwen3.5-27b", "--gpus", "8", "--gpu-memory", "140.4",
+    command = [sys.executable, "-m", "nbhelpers.planner", "qwen3.5-27b", "--gpus", "8", "--gpu-memory", "140.4",
                "--seq-len", "4096", "--checkpointing", "--json"]
     out = subprocess.run(command, check=True, capture_output=True, text=True, cwd=REPO, timeout=120).stdout
     data = json.loads(out)

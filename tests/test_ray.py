@@ -25,8 +25,8 @@ from launcher_checks import assert_a_stall_names_every_ranks_stack
 from timed_stream import TimedStream
 
 from nbhelpers import DistributedError, distributed
-from nbhelpers import ray_engine
-from nbhelpers.ray_engine import rank_layout
+from nbhelpers.launch import ray_engine
+from nbhelpers.launch.ray_engine import rank_layout
 
 TORCHRUN_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
 

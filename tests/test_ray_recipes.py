@@ -12,7 +12,7 @@ from mlflow_runs import assert_logged_text_generator, load_logged_model, tracked
 from ray_cluster import start_loopback_cluster, stop_loopback_cluster
 from workload_runs import run_workload, workload
 
-from nbhelpers import checkpoints
+from nbhelpers.training import checkpoints
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "data"))

@@ -8,7 +8,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from nbhelpers import DistributedError, checkpoints, distributed
+from nbhelpers import DistributedError, distributed
+from nbhelpers.training import checkpoints
 
 STEPS, KILLED_AT = 12, 7
 

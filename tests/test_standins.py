@@ -13,7 +13,7 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 import standins
-from nbhelpers import model_configs
+from nbhelpers.planner import model_configs
 
 REPO = Path(__file__).resolve().parents[1]
 ARCHS = list(standins.ARCHS)

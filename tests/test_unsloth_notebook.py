@@ -20,7 +20,7 @@ from notebook_cases import CASES, NotebookCase
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from nbhelpers import checkpoints
+from nbhelpers.training import checkpoints
 
 NOTEBOOK = "notebooks/unsloth/ddp_llama_3_2_3b.ipynb"
 MINE = [c for c in CASES if c.notebook == NOTEBOOK]
@@ -55,7 +55,8 @@ def test_without_a_gpu_the_unsloth_notebook_trains_as_one_job_of_two_ranks(noteb
 def test_every_rank_imports_unsloth_before_transformers_and_peft(notebook_run):
     """Unsloth patches Transformers, PEFT and TRL when it is imported; imported after them, some of its
     optimisations are missing and it warns so. A rank loads what `train` refers to before `train`'s first line
-    runs, so a notebook-level name from a module that imports Transformers (nbhelpers.hf) came too early."""
+    runs, so a notebook-level name from a module that imports Transformers (nbhelpers.training.trainer_log) came
+    too early."""
     _, executed, _ = notebook_run(SMOKE)
     assert "Unsloth should be imported before" not in output_text(executed)
 

@@ -6,7 +6,7 @@ import torch
 from harness import hook_records, run_notebook
 from notebook_cases import NotebookCase
 
-from nbhelpers import checkpoints
+from nbhelpers.training import checkpoints
 
 
 def run_killed_then_resumed(case: NotebookCase, workdir, standin, **after) -> dict:

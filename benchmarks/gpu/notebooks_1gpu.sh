@@ -102,7 +102,8 @@ llm_axolotl() {
 }
 
 stream() {  # stream STEP...: the steps one after the other, with a GPU lease folder of their own: launches lease
-  # their GPUs host-wide (nbhelpers.gpu_lease), so streams sharing the one GPU on purpose must not see each other's
+  # their GPUs host-wide (nbhelpers.launch.gpu_lease), so streams sharing the one GPU on purpose must not see each
+  # other's
   local leases=$work/leases-$1; mkdir -p "$leases"
   for step in "$@"; do NBHELPERS_GPU_LEASE_DIR=$leases "$step"; done
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 11 evidence: nbhelpers.plan's per-GPU estimate next to the measured peak memory, 2 GPUs, side by
+# Issue 11 evidence: nbhelpers.planner.plan's per-GPU estimate next to the measured peak memory, 2 GPUs, side by
 # side in one launch per model (benchmarks/measure_memory.py; see planner.md). ~80 s on 2x H200.
 # CPU dry run of the same logic: PLANNER_DRY_RUN=1 RESULTS=/tmp/r bash benchmarks/gpu/planner.sh
 set -uo pipefail

@@ -34,7 +34,7 @@ python3 - "$work" "$out" "$dry" "$short" "$long" <<'PY'
 import json, sys
 import torch
 import standins  # tests/standins.py (run.sh puts tests/ on PYTHONPATH)
-from nbhelpers.plan import plan
+from nbhelpers.planner.plan import plan
 from transformers import AutoTokenizer
 work, out, dry, short, long = sys.argv[1], sys.argv[2], sys.argv[3] == "1", int(sys.argv[4]), int(sys.argv[5])
 size = "tiny" if dry else "full"

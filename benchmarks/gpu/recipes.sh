@@ -7,7 +7,7 @@
 #   2. the same recipe on the full-size Qwen3-8B architecture (activation checkpointing on), a few steps;
 #   3. every recipe briefly as 2 nodes x 1 GPU (two torchrun agents, one GPU each) and as 1 node x 2 GPUs,
 #      with tiny stand-ins, all six launches at once (they are launch/NCCL checks, not measurements);
-#   4. the FSDP2 recipe resumed from the sealed checkpoint of one of them (nbhelpers.checkpoints on NCCL).
+#   4. the FSDP2 recipe resumed from the sealed checkpoint of one of them (nbhelpers.training.checkpoints on NCCL).
 # Results: $RESULTS/recipes/<run>/metrics.json, <run>.log, <run>.mlflow.db, summary.json. Budget: about 230 s.
 # On a CPU machine, RECIPES_DRY_RUN=1 runs the same launches with tiny models and gloo (logic check only).
 set -uo pipefail

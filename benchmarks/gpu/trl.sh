@@ -56,7 +56,7 @@ gpt_oss_20b() {
   # the planner's estimate for this run, beside the measured peak (summary): LoRA r=8, 4 sequences per micro-step,
   # checkpointing, eager attention; at max_length (2048) and at the data's length (about 256 tokens)
   for seq in 2048 256; do
-    python3 -m nbhelpers.plan gpt-oss-20b --gpus 1 --gpu-memory 140.4 --lora-rank 8 --seq-len $seq --micro-batch 4 \
+    python3 -m nbhelpers.planner gpt-oss-20b --gpus 1 --gpu-memory 140.4 --lora-rank 8 --seq-len $seq --micro-batch 4 \
       --checkpointing --attention eager > "$out/plan_gpt_oss_20b_seq$seq.txt" 2>&1
   done
   local run=(notebooks/trl/ddp_gpt_oss_20b.ipynb -p num_gpus 1 -p model_name_or_path "$models/gpt-oss-20b"

@@ -13,7 +13,7 @@ The data is prompt/completion chat (the user turn holds the document, the assist
 TRL computes the loss on the completion only; every example carries chat_template_kwargs
 {"enable_thinking": false}, so Qwen3's template renders the empty think block of non-thinking mode, as
 at inference. DeepSpeed ZeRO-3 partitions parameters, gradients and optimizer state over every rank of
-every node. Checkpoints are sealed after each save (nbhelpers.checkpoints) and a rerun resumes from the
+every node. Checkpoints are sealed after each save (nbhelpers.training.checkpoints) and a rerun resumes from the
 newest verified one. Before and after training, each rank generates greedily for its share of the
 held-out test split; the JSON validity and field-level exact match of both models are reported side by
 side. Settings, metrics and the best model go to MLflow.
@@ -34,8 +34,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 from trl import ModelConfig, ScriptArguments, SFTConfig, SFTTrainer, TrlParser
 
-from nbhelpers import checkpoints
-from nbhelpers.metrics import peak_memory_bytes, write_metrics
+from nbhelpers.training import checkpoints
+from nbhelpers.training.metrics import peak_memory_bytes, write_metrics
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # recipes/: recipe_common.py, what the recipes share

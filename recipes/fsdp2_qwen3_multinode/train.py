@@ -17,7 +17,7 @@ or a dense block-diagonal one (sdpa, on CPUs). Qwen3.5's Gated DeltaNet layers i
 gives their conv and recurrent state the sample boundaries (cu_seq_lens) and picks their kernels
 (flash-linear-attention + causal-conv1d when installed and correct, else PyTorch).
 Non-reentrant activation checkpointing, fused AdamW on GPU, torch.compile per decoder layer on GPUs, a distributed
-checkpoint (torch.distributed.checkpoint) every `save_steps` steps (nbhelpers.checkpoints: sealed, verified on
+checkpoint (torch.distributed.checkpoint) every `save_steps` steps (nbhelpers.training.checkpoints: sealed, verified on
 resume), resumed automatically; the final model saved in bf16, gathered one tensor at a time.
 Parameters, the loss and the final model go to MLflow. `synthetic_data` + `random_init` turn it into
 the throughput benchmark (see README.md).
@@ -43,9 +43,9 @@ from transformers.integrations.flex_attention import flex_attention_forward
 from transformers.masking_utils import flex_attention_mask
 from trl.chat_template_utils import get_training_chat_template
 
-from nbhelpers import checkpoints
-from nbhelpers.flops import FLOP_FORMULA, peak_flops
-from nbhelpers.metrics import peak_memory_bytes, write_metrics
+from nbhelpers.planner.flops import FLOP_FORMULA, peak_flops
+from nbhelpers.training import checkpoints
+from nbhelpers.training.metrics import peak_memory_bytes, write_metrics
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # recipes/: recipe_common.py, what the recipes share
@@ -344,7 +344,7 @@ def train(model, optimizer, batches, args, resumed: Resumed, checkpoint_dir: Pat
 def save_final_model(model, args, tracking) -> None:
     """The weights gathered one tensor at a time in the compute dtype (bf16: 54 GB for the 27B in rank 0's host
     memory, never the fp32 masters), saved with save_pretrained into output_dir/final_model the way
-    nbhelpers.checkpoints writes (complete or absent), then logged to MLflow."""
+    nbhelpers.training.checkpoints writes (complete or absent), then logged to MLflow."""
     dtype, rank0, state = DTYPES[args.param_dtype], dist.get_rank() == 0, {}
     for name, tensor in model.state_dict().items():
         tensor = tensor.to(dtype) if tensor.is_floating_point() else tensor

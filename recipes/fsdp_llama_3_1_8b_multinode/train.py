@@ -10,9 +10,9 @@ On GPUs rank 0 alone reads the checkpoint; the other ranks build the model on th
 receive the weights from rank 0 as FSDP shards them (sync_module_states), so a node holds one CPU copy,
 not one per GPU (`cpu_ram_efficient_loading`). Gradient checkpointing on every layer. At the end the full
 state dict is gathered to rank 0's CPU (FullStateDictConfig(offload_to_cpu=True, rank0_only=True)), saved
-with save_pretrained (complete or absent: nbhelpers.checkpoints) and logged to MLflow with the settings
+with save_pretrained (complete or absent: nbhelpers.training.checkpoints) and logged to MLflow with the settings
 and the loss curve. Every `save_steps` steps a distributed checkpoint (torch.distributed.checkpoint: each rank
-writes its shards; nbhelpers.checkpoints seals it) goes to output_dir/checkpoints, and the same command again
+writes its shards; nbhelpers.training.checkpoints seals it) goes to output_dir/checkpoints, and the same command again
 resumes from the newest verified one, on the same data order.
 """
 from __future__ import annotations
@@ -33,9 +33,9 @@ from tqdm import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-from nbhelpers import checkpoints
-from nbhelpers.flops import FLOP_FORMULA, peak_flops
-from nbhelpers.metrics import peak_memory_bytes, write_metrics
+from nbhelpers.planner.flops import FLOP_FORMULA, peak_flops
+from nbhelpers.training import checkpoints
+from nbhelpers.training.metrics import peak_memory_bytes, write_metrics
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # recipes/: recipe_common.py, what the recipes share
@@ -216,7 +216,7 @@ def train(model, optimizer, tokenizer, samples, args, device, tracking, resumed:
 
 def save_final_model(model, tokenizer, args, tracking) -> None:
     """The full state dict, gathered to rank 0's CPU one unit at a time, saved by rank 0 as a normal HF checkpoint
-    into output_dir/final_model (complete or absent: nbhelpers.checkpoints), then logged to MLflow."""
+    into output_dir/final_model (complete or absent: nbhelpers.training.checkpoints), then logged to MLflow."""
     with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT,
                               FullStateDictConfig(offload_to_cpu=True, rank0_only=True)):
         full_state = model.state_dict()

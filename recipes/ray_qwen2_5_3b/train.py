@@ -14,7 +14,7 @@ packed into full `max_length` blocks (so tokens/s counts real tokens). Weights s
 master copy) and the forward/backward runs under bf16 autocast on GPUs: a pure-bf16 AdamW would drop
 updates of size 2e-5. Every `logging_steps` steps the workers report the mean loss and tokens/s through
 `ray.train.report`; at the end rank 0 saves the model (bf16 safetensors) and tokenizer, seals the folder
-(nbhelpers.checkpoints: a manifest of checksums) and reports it as the run's checkpoint, which Ray Train
+(nbhelpers.training.checkpoints: a manifest of checksums) and reports it as the run's checkpoint, which Ray Train
 copies under the storage path. The driver verifies that copy, writes OUTPUT_DIR/metrics.json and logs the
 settings, the loss curve and the model to MLflow. Every `save_steps` steps rank 0 reports a checkpoint of the
 weights, the optimizer state and the loss curve; a worker that dies makes Ray Train restart the group (up to
@@ -42,7 +42,7 @@ from ray.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 import nbhelpers
-from nbhelpers import checkpoints
+from nbhelpers.training import checkpoints
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # recipes/: recipe_common.py, what the recipes share
@@ -231,7 +231,7 @@ def train_loop_per_worker(config: dict) -> list[dict]:
 # --------------------------------------------------------------------------------------------------
 def report(args, result, use_gpu: bool, wall_s: float, tracking) -> None:
     """metrics.json, and the loss curve and the verified final model in MLflow."""
-    from nbhelpers.metrics import write_metrics
+    from nbhelpers.training.metrics import write_metrics
 
     history = result.return_value  # rank 0's list of logged steps
     losses = [h["loss"] for h in history]

@@ -7,7 +7,7 @@
 Defaults are in config.yaml (5 epochs, batch 64 per worker, AdamW 1e-3, ImageNet weights); every key is a
 flag (`--learning_rate 3e-4`), `--config my.yaml` changes any of them. Each epoch every worker reports
 train/val loss and accuracy and the epoch's seconds through `ray.train.report`, and rank 0 attaches a
-checkpoint it sealed (nbhelpers.checkpoints: a manifest of checksums, copied with it by Ray Train). A
+checkpoint it sealed (nbhelpers.training.checkpoints: a manifest of checksums, copied with it by Ray Train). A
 worker that dies (a lost node, a killed process) makes Ray Train restart the whole worker group, up to
 `max_failures` times; the training function then resumes from the newest checkpoint of the run that
 verifies (Ray's latest, or the one before it if that one is damaged) and continues from the epoch after
@@ -35,7 +35,7 @@ from ray.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 import nbhelpers
-from nbhelpers import checkpoints
+from nbhelpers.training import checkpoints
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # recipes/: recipe_common.py, what the recipes share
@@ -186,7 +186,7 @@ def report(args, result, use_gpu: bool, wall_s: float, tracking) -> None:
     """metrics.json, and the per-epoch metrics and the model of the last verified checkpoint in MLflow."""
     from mlflow.models import infer_signature
 
-    from nbhelpers.metrics import write_metrics
+    from nbhelpers.training.metrics import write_metrics
 
     history = result.metrics["history"]  # every epoch, across worker-group restarts (it travels in the checkpoint)
     losses = [m["train_loss"] for m in history]

@@ -84,8 +84,8 @@ def kill_rank_while_writing_checkpoint(value: str) -> None:
 
 
 def kill_rank_after_checkpoint(value: str) -> None:
-    """The last rank is SIGKILLed once the checkpoint number `value` is sealed (nbhelpers.checkpoints.seal returned
-    on that rank: the manifest is written), e.g. right after the Trainer's first checkpoint with value 1."""
+    """The last rank is SIGKILLed once the checkpoint number `value` is sealed (nbhelpers.training.checkpoints.seal
+    returned on that rank: the manifest is written), e.g. right after the Trainer's first checkpoint with value 1."""
     after = int(value)
     sealed = 0
 
@@ -102,7 +102,7 @@ def kill_rank_after_checkpoint(value: str) -> None:
 
         module.seal = seal_then_die
 
-    when_imported("nbhelpers.checkpoints", patch)
+    when_imported("nbhelpers.training.checkpoints", patch)
 
 
 def record_checkpoint_writers(value: str) -> None:
@@ -150,18 +150,18 @@ def simulate_gpus(value: str) -> None:
         module._visible_gpu_count = lambda: count
         module._gpu_names = lambda gpus: ["simulated GPU"] * len(gpus)
 
-    when_imported("nbhelpers.local_engine", patch)
+    when_imported("nbhelpers.launch.local_engine", patch)
 
 
 def simulate_gpu_memory(value: str) -> None:
-    """The memory planner's pre-flight check (nbhelpers.fits) sees COUNTxGIB GPUs ("1x39.4": one 40 GB A100), as
-    a notebook on such a machine would; nothing else sees them (the ranks still run on the CPU)."""
+    """The memory planner's pre-flight check (nbhelpers.planner.fits) sees COUNTxGIB GPUs ("1x39.4": one 40 GB
+    A100), as a notebook on such a machine would; nothing else sees them (the ranks still run on the CPU)."""
     count, gib = value.split("x")
 
     def patch(module):
         module.visible_gpus = lambda: [("simulated GPU", float(gib))] * int(count)
 
-    when_imported("nbhelpers.fits", patch)
+    when_imported("nbhelpers.planner.fits", patch)
 
 
 def record_trainer(value: str) -> None:

@@ -1,7 +1,7 @@
 """Hugging Face trainers (TRL, accelerate, DeepSpeed) on the CPU processes of the tests, without GPUs.
 
 A user without a GPU gets none of this: the TRL and DeepSpeed notebooks stop before loading anything with one line
-saying they need a GPU (`nbhelpers.hf.check_trl_loss_runs_here`, tests/test_cpu_path_without_hooks.py runs them
+saying they need a GPU (`nbhelpers.training.needs_gpu`, tests/test_cpu_path_without_hooks.py runs them
 without these fixes). The tests still train those notebooks' code on 2 CPU processes, under the four fixes below,
 so that resuming, merging, sealing and tracking are tested on every commit; each is applied through
 tests/hooks/sitecustomize.py in every process the tests start, only when no GPU is visible (and not where

@@ -1,7 +1,7 @@
-"""The published configurations of the cookbook's models, offline: what the memory planner (nbhelpers.plan) builds
-on the meta device when it is given a name instead of a hub id or a folder.
+"""The published configurations of the cookbook's models, offline: what the memory planner (nbhelpers.planner.plan)
+builds on the meta device when it is given a name instead of a hub id or a folder.
 
-    from nbhelpers.model_configs import MODELS, config
+    from nbhelpers.planner.model_configs import MODELS, config
     config("gpt-oss-120b")               # a transformers GptOssConfig with the published dimensions
     config("qwen3.8-27b", layers=12)     # the full width, fewer layers
 

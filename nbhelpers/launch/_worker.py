@@ -1,4 +1,4 @@
-"""What runs inside each rank of the local engine (nbhelpers.local_engine).
+"""What runs inside each rank of the local engine (nbhelpers.launch.local_engine).
 
 The engine's fork server imports this module (and with it torch) once, never touching CUDA, so a rank
 forked from it starts warm and may still use CUDA. Only `loopback_rendezvous` also serves plain calls
@@ -44,7 +44,7 @@ if any(arg.startswith("from multiprocessing.forkserver import main") for arg in 
 
 import torch  # noqa: E402  imported here so that every fork of the server has it already
 
-from nbhelpers.payload import run_call  # noqa: E402
+from nbhelpers.launch.payload import run_call  # noqa: E402
 
 
 def _die_with_launcher(lifeline_fd: int) -> None:

@@ -17,13 +17,14 @@ Code written for Databricks runs with only the import changed: serverless_gpu's 
 and `@ray_launch` (nbhelpers.ray_launch).
 
 This module is the decorator only: it checks the arguments, restarts a failed launch (`max_restarts`) and
-hands each launch to an engine, nbhelpers.local_engine (this host's GPUs, the default) or
-nbhelpers.ray_engine (the nodes of a Ray cluster: `engine="ray"`, or `remote=True`). Both use
-nbhelpers.engine_core and nbhelpers.payload; neither imports the other or this module.
+hands each launch to an engine, nbhelpers.launch.local_engine (this host's GPUs, the default) or
+nbhelpers.launch.ray_engine (the nodes of a Ray cluster: `engine="ray"`, or `remote=True`). Both use
+nbhelpers.launch.engine_core and nbhelpers.launch.payload; neither imports the other or this module.
 """
 from __future__ import annotations
 
 import functools
+import importlib.util
 import itertools
 import os
 import sys
@@ -32,9 +33,9 @@ import time
 import warnings
 from concurrent.futures import CancelledError, Future
 
-from nbhelpers.engine_core import (DistributedError, DistributedTimeoutError, LocalExecutionTimeoutError, RankResults,
-                                   accelerator_shape, check_count)
-from nbhelpers.payload import pickle_call
+from nbhelpers.launch.engine_core import (DistributedError, DistributedTimeoutError, LocalExecutionTimeoutError,
+                                          RankResults, accelerator_shape, check_count, import_ray)
+from nbhelpers.launch.payload import pickle_call
 
 __all__ = ["distributed", "DistributedError", "DistributedTimeoutError", "LocalExecutionTimeoutError",
            "DistributedFunction", "DistributedRun"]
@@ -62,7 +63,7 @@ def distributed(fn=None, accelerator_type: str | None = None, remote: bool = Fal
 
     gpus (databricks.air: num_accelerators): how many processes. Default: every visible GPU; with no GPU,
         2 CPU processes (gloo). More than the visible GPUs (without GPUs: more than 2 per CPU core), or fewer
-        than 1, is refused before anything starts. Launches on one host get disjoint GPUs (nbhelpers.gpu_lease).
+        than 1, is refused before anything starts. Launches on one host get disjoint GPUs (nbhelpers.launch.gpu_lease).
     gpu_type: the GPUs the code expects ("H100", "A10"), checked against the visible GPUs (an error naming
         both when they differ); ignored, with one line saying so, where there is no GPU.
     accelerator_type (databricks.air): the node shape the code expects, "GPU_1xA10", "GPU_1xH100", "GPU_8xH100",
@@ -89,7 +90,7 @@ def distributed(fn=None, accelerator_type: str | None = None, remote: bool = Fal
         attempt's failing rank.
     engine: "local" (this node's GPUs, the default) or "ray": ranks on the nodes of the Ray cluster this
         process is attached to; `gpus` then counts the ranks of all nodes together (default: every GPU
-        of the cluster). See nbhelpers.ray_engine.
+        of the cluster). See nbhelpers.launch.ray_engine.
     """
     if fn is not None and not callable(fn):  # databricks.air's positional num_accelerators: @distributed(8, ...)
         if num_accelerators is not None:
@@ -119,11 +120,11 @@ def distributed(fn=None, accelerator_type: str | None = None, remote: bool = Fal
         # A bad count fails at decoration, long before a launch (the cluster's GPUs are counted at launch).
         gpus = check_count(gpus, "gpus" if num_accelerators is None else "num_accelerators")
         if engine == "local":
-            from nbhelpers import local_engine
+            from nbhelpers.launch import local_engine
 
             local_engine.world_size(gpus)
     if engine == "local":
-        from nbhelpers import local_engine
+        from nbhelpers.launch import local_engine
 
         if accelerator_type is not None:
             local_engine.check_node_shape(accelerator_type)
@@ -132,7 +133,7 @@ def distributed(fn=None, accelerator_type: str | None = None, remote: bool = Fal
 
     def decorate(f):
         if engine == "local":
-            from nbhelpers import local_engine
+            from nbhelpers.launch import local_engine
 
             local_engine.warm_up()
         return DistributedFunction(f, gpus=gpus, gpu_type=gpu_type, output=output, stall_timeout=stall_timeout,
@@ -179,6 +180,8 @@ def _check_ray_reachable() -> None:
     ray = sys.modules.get("ray")  # not imported here: that alone takes seconds
     if (ray is not None and ray.is_initialized()) or os.environ.get("RAY_ADDRESS"):
         return
+    if importlib.util.find_spec("ray") is None:
+        import_ray("remote=True")  # not installed: raises, saying how to install it
     raise RuntimeError(
         "remote=True runs the function on the GPUs of a Ray cluster, and this process is attached to none. "
         'Call ray.init(address="HEAD_IP:6379") (or set RAY_ADDRESS) before the launch, or use remote=False '
@@ -204,7 +207,7 @@ class DistributedFunction:
         self.max_restarts = max_restarts
 
     def __call__(self, *args, **kwargs):
-        from nbhelpers import local_engine
+        from nbhelpers.launch import local_engine
 
         with local_engine.single_process_environment():
             return self.fn(*args, **kwargs)
@@ -294,10 +297,10 @@ class DistributedFunction:
         options = dict(gpus=self.gpus, output=self.output, stall_timeout=self.stall_timeout, label=label, cancel=cancel,
                        mlflow_run_id=mlflow_run_id, restart=restart, max_restarts=self.max_restarts)
         if self.engine == "ray":
-            from nbhelpers import ray_engine
+            from nbhelpers.launch import ray_engine
 
             return ray_engine.run(self.__name__, payload, gpu_type=self.gpu_type, **options)
-        from nbhelpers import local_engine  # (gpu_type was checked at decoration)
+        from nbhelpers.launch import local_engine  # (gpu_type was checked at decoration)
 
         return local_engine.run(self.__name__, payload, timeout=self.timeout, deadline=deadline, **options)
 

@@ -1,12 +1,12 @@
 """Axolotl plugins the Axolotl notebook adds to any config it trains, for two promises Axolotl alone does not keep.
 
     plugins:
-      - nbhelpers.axolotl_plugins.SealCheckpoints
-      - nbhelpers.axolotl_plugins.Reproducible
+      - nbhelpers.training.axolotl_plugins.SealCheckpoints
+      - nbhelpers.training.axolotl_plugins.Reproducible
 
 - SealCheckpoints: Axolotl's Trainer writes `checkpoint-N` folders in place, and `auto_resume_from_checkpoints`
   takes the highest N, complete or not. This plugin gives each checkpoint its manifest (each file's size and
-  checksum, written last: nbhelpers.checkpoints) once the Trainer has saved it; resume from
+  checksum, written last: nbhelpers.training.checkpoints) once the Trainer has saved it; resume from
   `checkpoints.newest_verified(output_dir, "checkpoint-*")`, passed as `resume_from_checkpoint`.
 - Reproducible: Axolotl seeds only its Trainer, which is made after the model and its LoRA adapters, so every run
   starts from other random adapter weights whatever `seed` says; and with sample packing each epoch's batches come
@@ -21,11 +21,11 @@ import torch
 from axolotl.integrations.base import BasePlugin
 from transformers import set_seed
 
-from nbhelpers import checkpoints
+from nbhelpers.training import checkpoints
 
 
 class SealCheckpoints(BasePlugin):
-    """Adds nbhelpers.checkpoints.trainer_callback() to the Trainer (it also takes over `save_total_limit`)."""
+    """Adds nbhelpers.training.checkpoints.trainer_callback() to the Trainer (it also takes over `save_total_limit`)."""
 
     def add_callbacks_pre_trainer(self, cfg, model):
         return [checkpoints.trainer_callback()]

@@ -3,20 +3,20 @@
 How it works. Ranks are forked from a server process that imported torch but never touched CUDA
 (`multiprocessing`'s forkserver), never from the notebook's process, so a launch works after CUDA was
 used in the notebook and a repeated launch costs a fork, not a Python start. The call travels by value
-(nbhelpers.payload.pickle_call). Each rank gets the torchrun environment (MASTER_ADDR=127.0.0.1,
+(nbhelpers.launch.payload.pickle_call). Each rank gets the torchrun environment (MASTER_ADDR=127.0.0.1,
 a free MASTER_PORT; everything listens on loopback only), its own process group, and pipes for its
 stdout and stderr, which this process prints into the running cell, prefixed `[rank N]`. On the first
 failure every rank is stopped (SIGTERM, then SIGKILL, whole process groups; a second interrupt does not
 cut that short) and one `DistributedError` names the rank whose failure came first and carries its
-traceback. `stall_timeout` watches each rank on its own (nbhelpers.engine_core.ProgressWatch): its output, and
+traceback. `stall_timeout` watches each rank on its own (nbhelpers.launch.engine_core.ProgressWatch): its output, and
 snapshots of its Python stack sent through a pipe every quarter of the timeout. `timeout` is the launch's
 wall-clock limit (databricks.air's): past it, every rank's process tree is stopped and a DistributedTimeoutError
 says the limit and how to change it. A launch writes no file of its own; when an MLflow run is active, each rank's
 output goes to it as the artifact logs/rank_N.txt (engine_core.save_rank_logs).
 Ranks die with this process if it dies, and when a launch ends whatever still refers to it.
-With GPUs, a launch first leases its GPUs host-wide (nbhelpers.gpu_lease), so launches running at once
-(`distributed_async`) get disjoint GPUs; while it runs, nbhelpers.system_metrics samples its ranks.
-What runs inside a rank is nbhelpers._worker.
+With GPUs, a launch first leases its GPUs host-wide (nbhelpers.launch.gpu_lease), so launches running at once
+(`distributed_async`) get disjoint GPUs; while it runs, nbhelpers.launch.system_metrics samples its ranks.
+What runs inside a rank is nbhelpers.launch._worker.
 """
 from __future__ import annotations
 
@@ -33,13 +33,14 @@ import sys
 import threading
 import time
 
-from nbhelpers.engine_core import (DEFAULT_CPU_PROCESSES, DistributedError, Printers, ProgressWatch, RankResults,
-                                   accelerator_shape, cancelled, check_count, failure_error, free_port, gpu_type_matches,
-                                   interrupted, later_failures_text, launch_processes, main_thread_stack, save_rank_logs,
-                                   stall_error, stop_processes, timeout_error, torchrun_environment)
-from nbhelpers.gpu_lease import GpuLease, LeaseCancelled
-from nbhelpers.payload import read_outcome
-from nbhelpers.system_metrics import RankSampler
+from nbhelpers.launch.engine_core import (DEFAULT_CPU_PROCESSES, DistributedError, Printers, ProgressWatch,
+                                          RankResults, accelerator_shape, cancelled, check_count, failure_error,
+                                          free_port, gpu_type_matches, interrupted, later_failures_text,
+                                          launch_processes, main_thread_stack, save_rank_logs, stall_error,
+                                          stop_processes, timeout_error, torchrun_environment)
+from nbhelpers.launch.gpu_lease import GpuLease, LeaseCancelled
+from nbhelpers.launch.payload import read_outcome
+from nbhelpers.launch.system_metrics import RankSampler
 
 CPU_RANKS_PER_CORE = 2  # without GPUs: more ranks than this per core only time-slice the cores
 TERMINATE_GRACE_S = 2.0  # between SIGTERM and SIGKILL
@@ -56,7 +57,7 @@ def run(name: str, payload: bytes, *, gpus: int | None, output: str, stall_timeo
         max_restarts: int = 0, timeout: float | None = None, deadline: float | None = None) -> RankResults:
     """Run pickle_call's call once per rank on this host; the ranks' results in rank order.
 
-    With GPUs the launch first leases its GPUs host-wide (nbhelpers.gpu_lease: waiting while other
+    With GPUs the launch first leases its GPUs host-wide (nbhelpers.launch.gpu_lease: waiting while other
     launches hold them) and its ranks see only those. label: the run's name, before each output line.
     cancel: a threading.Event that stops the ranks (concurrent.futures.CancelledError). mlflow_run_id:
     where the ranks' system metrics and logs go. restart, max_restarts: which attempt this is, of how many more allowed
@@ -173,7 +174,7 @@ def _gpu_names(gpus: list[str]) -> list[str]:
 def _fork_server_context():
     """The multiprocessing context whose server process preloads torch (and never touches CUDA)."""
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["nbhelpers._worker"])
+    ctx.set_forkserver_preload(["nbhelpers.launch._worker"])
     return ctx
 
 
@@ -227,7 +228,7 @@ def single_process_environment():
     import torch.distributed as dist
 
     was_initialized = dist.is_available() and dist.is_initialized()
-    from nbhelpers._worker import loopback_rendezvous
+    from nbhelpers.launch._worker import loopback_rendezvous
 
     added = torchrun_environment(0, 1, free_port(), run_id=f"local-{os.getpid()}")
     added.pop("PYTHONUNBUFFERED")
@@ -284,7 +285,7 @@ class _RankProcess:
         self.rank = rank
         self.process = process
         self.stdout, self.stderr, self.results, self.lifeline, self.stacks = stdout, stderr, results, lifeline, stacks
-        self.outcome = None  # its nbhelpers.payload.Outcome
+        self.outcome = None  # its nbhelpers.launch.payload.Outcome
         self.died = None  # it ended without a result: time.time() before which it was still alive
         self.main_thread = None  # "0x...": its main thread's id in its stack dumps
         self.dump = b""  # the stack dump arriving since the last request
@@ -355,7 +356,7 @@ class _LocalLaunch:
     def _start(self, ctx, threads):
         port = free_port()
         run_id = self.run_id = f"nbhelpers-{os.getpid()}-{port}-{time.time_ns()}"
-        from nbhelpers._worker import run_rank
+        from nbhelpers.launch._worker import run_rank
 
         for rank in range(self.world_size):
             pipes = [ctx.Pipe(duplex=False) for _ in range(5)]  # (read end, write end) of each

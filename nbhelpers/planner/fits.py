@@ -1,4 +1,4 @@
-"""Will it fit? The memory planner's verdict (nbhelpers.plan) before a notebook loads its model.
+"""Will it fit? The memory planner's verdict (nbhelpers.planner.plan) before a notebook loads its model.
 
     check_fits("openai/gpt-oss-20b", "ddp", lora_rank=8, seq_len=2048, micro_batch=4, checkpointing=True)
     # planner: gpt-oss-20b (LoRA r=8) with DDP on 1 x 139.8 GiB (NVIDIA H200), 4 x 2048 tokens per GPU,
@@ -7,13 +7,13 @@
 On GPUs that cannot hold it, it raises WillNotFit at once, with what would fit instead (more GPUs, a sharding
 technique, gradient checkpointing, QLoRA, a shorter max_length), instead of an out-of-memory error minutes later,
 after the weights have loaded. The model's config alone is read (a hub id, a folder, or a name of
-nbhelpers.model_configs); nothing is downloaded but config.json.
+nbhelpers.planner.model_configs); nothing is downloaded but config.json.
 """
 from __future__ import annotations
 
 import sys
 
-from nbhelpers.plan import LABELS, load_model, plan
+from nbhelpers.planner.plan import LABELS, load_model, plan
 
 __all__ = ["WillNotFit", "check_fits", "visible_gpus"]
 

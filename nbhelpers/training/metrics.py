@@ -44,43 +44,6 @@ def peak_memory_bytes(device) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
-def mlflow_tracking_uri(output_dir, tracking_uri: str | None = None) -> str:
-    """Where a run is tracked: `tracking_uri`, else MLFLOW_TRACKING_URI (MLflow's own setting), else on Databricks
-    the workspace ("databricks"), else one SQLite store for every run of the project: the folder above output_dir.
-
-    The notebooks' runs go to `runs/<name>` under the cookbook's root by default (read_parameters() starts a relative
-    output_dir there: nbhelpers.params.cookbook_root, $COOKBOOK_ROOT or the repository), so all of them land in
-    `runs/mlflow.db` there, one store to browse from the repository's folder:
-    `mlflow ui --backend-store-uri sqlite:///runs/mlflow.db`.
-    """
-    if tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"):
-        return tracking_uri or os.environ["MLFLOW_TRACKING_URI"]
-    if os.environ.get("DATABRICKS_RUNTIME_VERSION"):
-        return "databricks"
-    return f"sqlite:///{Path(output_dir).resolve().parent / 'mlflow.db'}"
-
-
-def mlflow_experiment(name: str, tracking_uri: str) -> str:
-    """Precondition: `tracking_uri` as mlflow_tracking_uri() returns it. Make `name` this process's MLflow experiment.
-
-    A new experiment in a local SQLite store keeps its artifacts (models, plots) beside the store, in
-    `mlartifacts/`: MLflow's default, `./mlruns`, would land wherever the notebook runs. Returns its id.
-    """
-    import mlflow
-
-    mlflow.set_tracking_uri(tracking_uri)
-    if mlflow.get_experiment_by_name(name) is None:
-        store = Path(tracking_uri.removeprefix("sqlite:///")) if tracking_uri.startswith("sqlite:///") else None
-        if store is not None:
-            store.parent.mkdir(parents=True, exist_ok=True)
-        artifacts = (store.parent / "mlartifacts").as_uri() if store else None
-        try:
-            mlflow.create_experiment(name, artifact_location=artifacts)
-        except mlflow.exceptions.MlflowException:  # another process created it meanwhile
-            pass
-    return mlflow.set_experiment(name).experiment_id
-
-
 def write_metrics(output_dir, results=None, /, **metrics) -> Path:
     """Write `output_dir/metrics.json` (atomically): the metrics, the ranks' results and the environment.
 

@@ -1,14 +1,14 @@
 """Will this fine-tune fit, and with which technique? A per-GPU memory planner.
 
-    from nbhelpers.plan import plan
+    from nbhelpers.planner.plan import plan
     plan("llama-3.1-8b", gpus=8, gpu_memory_gib=79.6, seq_len=2048, micro_batch=1)
     plan("gpt-oss-120b", gpus=8, gpu_memory_gib=140.4, lora_rank=16)   # MoE: every expert counted
     plan("qwen3.5-27b", gpus=8, gpu_memory_gib=140.4, seq_len=4096, checkpointing=True)  # hybrid linear attention
     plan("olmo-3-7b", gpus=1, lora_rank=16, quantization="nf4")                       # QLoRA: 4-bit frozen base
-    python -m nbhelpers.plan qwen3-8b --gpus 2 --gpu-memory 140.4 --micro-batch 4
-    python -m nbhelpers.plan qwen3.5-27b --gpus 32 --gpus-per-node 8 --cpu-memory 1800 --json
+    python -m nbhelpers.planner qwen3-8b --gpus 2 --gpu-memory 140.4 --micro-batch 4
+    python -m nbhelpers.planner qwen3.5-27b --gpus 32 --gpus-per-node 8 --cpu-memory 1800 --json
 
-The model is a name of nbhelpers.model_configs.MODELS (the published configs, so it works offline), a hub
+The model is a name of nbhelpers.planner.model_configs.MODELS (the published configs, so it works offline), a hub
 id, a local folder with config.json, a transformers config or a built model. It is built on the meta
 device (shapes only, no memory). Per GPU and per technique the estimate is
 
@@ -161,7 +161,7 @@ def load_model(model) -> tuple[str, torch.nn.Module]:
     """(name, model on the meta device) from a stand-in name, local folder, hub id, config or built model."""
     from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
-    from nbhelpers import model_configs
+    from nbhelpers.planner import model_configs
 
     if isinstance(model, torch.nn.Module):
         return getattr(model.config, "name_or_path", "") or type(model).__name__, model
@@ -652,16 +652,16 @@ def _suggestions(model, failed: Plan, lora_targets, quantization) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from nbhelpers import model_configs
+    from nbhelpers.planner import model_configs
 
     class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
         pass  # defaults after each flag's help; the epilog as written (names are not split at hyphens)
 
     known = "\n".join(f"  {name:14s} {spec.hub_id}" for name, spec in model_configs.MODELS.items())
     parser = argparse.ArgumentParser(
-        prog="python -m nbhelpers.plan", description=__doc__.split("\n")[0], formatter_class=Formatter,
+        prog="python -m nbhelpers.planner", description=__doc__.split("\n")[0], formatter_class=Formatter,
         epilog=f"known architectures (offline: their published configs):\n{known}\n"
-               "How each term is counted: python -c 'import nbhelpers.plan; help(nbhelpers.plan)'")
+               "How each term is counted: python -c 'import nbhelpers.planner.plan; help(nbhelpers.planner.plan)'")
     parser.add_argument("model", help="a known architecture (below), a hub id or a local folder with config.json")
     parser.add_argument("--gpus", type=int, default=1, help="GPUs in all (data-parallel ranks)")
     parser.add_argument("--gpus-per-node", type=int, default=None,
@@ -707,6 +707,3 @@ def main(argv=None) -> None:
         parser.error(str(error))
     print(json.dumps(result.to_dict(), indent=2) if args.json else result)
 
-
-if __name__ == "__main__":
-    main()

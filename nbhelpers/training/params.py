@@ -67,7 +67,7 @@ def cookbook_root() -> Path:
     installed with `pip install -e .`: the folder with pyproject.toml and notebooks/), else the current folder."""
     if os.environ.get(ROOT_VARIABLE):
         return Path(os.environ[ROOT_VARIABLE]).expanduser().resolve()
-    repository = Path(__file__).resolve().parents[1]
+    repository = Path(__file__).resolve().parents[2]  # nbhelpers/training/params.py: the checkout above nbhelpers
     if (repository / "pyproject.toml").is_file() and (repository / "notebooks").is_dir():
         return repository
     return Path.cwd()

@@ -22,7 +22,7 @@ import functools
 import os
 import sys
 
-from nbhelpers.engine_core import check_count, gpu_type_matches
+from nbhelpers.launch.engine_core import check_count, gpu_type_matches, import_ray
 
 __all__ = ["ray_launch"]
 
@@ -32,9 +32,9 @@ def ray_launch(fn=None, *, gpus: int | None = None, gpu_type=None, remote: bool 
     """Decorate a function so that `fn.distributed(*args, **kwargs)` runs it as the driver of a Ray cluster
     with `gpus` GPUs (databricks.air: num_accelerators) of `gpu_type` (accelerator_type), and returns its value.
 
-    Precondition: Ray is installed here (`pip install "ray[train]"`, the cookbook's `ray` extra).
+    Ray is imported when it runs: it needs the cookbook's `ray` extra (`pip install ".[ray]"`), and says so without it.
     """
-    from nbhelpers.launcher import _one_of, _say_what_pools_mean_here
+    from nbhelpers.launch.launcher import _one_of, _say_what_pools_mean_here
 
     gpus = _one_of("gpus", gpus, "num_accelerators", num_accelerators)
     gpu_type = _one_of("gpu_type", gpu_type, "accelerator_type", accelerator_type)
@@ -58,7 +58,7 @@ class RayLaunchFunction:
 
     def distributed(self, *args, **kwargs):
         """Run the function as the Ray driver (Ray up, with the GPUs asked for); return its value."""
-        import ray
+        ray = import_ray("@ray_launch")
 
         if self.remote:
             if not ray.is_initialized():
@@ -96,8 +96,8 @@ class RayLaunchFunction:
 
     @contextlib.contextmanager
     def _local_ray(self, ray):
-        from nbhelpers import local_engine
-        from nbhelpers.gpu_lease import GpuLease
+        from nbhelpers.launch import local_engine
+        from nbhelpers.launch.gpu_lease import GpuLease
 
         count = local_engine.world_size(self.gpus)
         visible = local_engine._visible_gpus()

@@ -1,5 +1,5 @@
-"""What both engines of `@distributed` do the same way on the notebook's side (nbhelpers.local_engine,
-nbhelpers.ray_engine): one copy of each.
+"""What both engines of `@distributed` do the same way on the notebook's side (nbhelpers.launch.local_engine,
+nbhelpers.launch.ray_engine): one copy of each.
 
 - The error: one `DistributedError` names the failing rank, how it failed and its traceback (`failure_error`).
 - The environment: `torchrun_environment` gives each rank what torchrun would (RANK, WORLD_SIZE, ...).
@@ -10,9 +10,10 @@ nbhelpers.ray_engine): one copy of each.
   thread's Python stack between two snapshots); `stall_error` is the report with every rank's stacks.
 - The clean-up: every process of a launch carries its id in NBHELPERS_LAUNCH_ID (children inherit it, in
   whatever process group or session they end up); `stop_launch_processes` ends those left on this node.
+- Ray, which is optional: `import_ray` imports it when a Ray launch runs, or says how to install it.
 
-What travels to and from a rank (the call, its Outcome) is nbhelpers.payload. Nothing here imports the
-engines, the decorator (nbhelpers.launcher) or torch.
+What travels to and from a rank (the call, its Outcome) is nbhelpers.launch.payload. Nothing here imports the
+engines, the decorator (nbhelpers.launch.launcher) or torch.
 """
 from __future__ import annotations
 
@@ -109,7 +110,7 @@ def cancelled(name: str) -> CancelledError:
 
 class RankResults(list):
     """The ranks' return values in rank order, and `system_metrics`: what the launch measured of them
-    (nbhelpers.system_metrics' summary, one value per rank; None where the engine does not sample)."""
+    (nbhelpers.launch.system_metrics' summary, one value per rank; None where the engine does not sample)."""
 
     def __init__(self, values, system_metrics: dict | None = None):
         super().__init__(values)
@@ -187,6 +188,19 @@ def accelerator_shape(accelerator_type) -> tuple[int, str]:
                          f"names {', '.join(ACCELERATOR_TYPES)}. (serverless_gpu's spelling of the GPU alone, "
                          "gpu_type='H100', is gpu_type.)")
     return int(match.group(1)), match.group(2)
+
+
+def import_ray(what: str):
+    """The `ray` module, imported for `what` (a Ray launch). Ray is optional (the cookbook's `ray` extra): where it is
+    not installed, one ModuleNotFoundError says what needs it and how to install it."""
+    try:
+        import ray
+    except ModuleNotFoundError as error:
+        if error.name != "ray":
+            raise
+        raise ModuleNotFoundError(f'{what} runs on Ray, which is not installed here: pip install ".[ray]" in the '
+                                  'cookbook\'s folder (its `ray` extra: Ray Train)', name="ray") from None
+    return ray
 
 
 def gpu_type_matches(gpu_type, name: str) -> bool:

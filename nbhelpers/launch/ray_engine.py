@@ -10,7 +10,7 @@
         ...
     results = train.distributed(lr=1e-3)        # one result per rank, in rank order
 
-The contract is the local engine's (nbhelpers.engine_core, nbhelpers.payload), carried out by Ray:
+The contract is the local engine's (nbhelpers.launch.engine_core, nbhelpers.launch.payload), carried out by Ray:
 - One placement group reserves every rank's bundle at once ({"GPU": 1, "CPU": 1}, or {"CPU": 1} on a
   cluster without GPUs), packed onto as few nodes as possible; the ranks are Ray actors in its bundles.
   Nothing starts until all bundles are reserved (gang scheduling).
@@ -46,10 +46,11 @@ import time
 import traceback
 from concurrent.futures import CancelledError
 
-from nbhelpers.engine_core import (DEFAULT_CPU_PROCESSES, DistributedError, Printers, ProgressWatch, RankResults,
-                                   cancelled, failure_error, free_port, gpu_type_matches, main_thread_stack, stall_error,
-                                   stop_launch_processes, torchrun_environment)
-from nbhelpers.payload import read_outcome, run_call
+from nbhelpers.launch.engine_core import (DEFAULT_CPU_PROCESSES, DistributedError, Printers, ProgressWatch,
+                                          RankResults, cancelled, failure_error, free_port, gpu_type_matches,
+                                          import_ray, main_thread_stack, stall_error, stop_launch_processes,
+                                          torchrun_environment)
+from nbhelpers.launch.payload import read_outcome, run_call
 
 PLACEMENT_TIMEOUT_S = 120.0  # to reserve every rank's bundle before giving up
 START_TIMEOUT_S = 120.0  # then to start the rank actors (a Python process each) and hear from them
@@ -62,10 +63,10 @@ def run(name: str, payload: bytes, *, gpus: int | None, output: str, stall_timeo
         label: str | None = None, cancel=None, mlflow_run_id: str | None = None, gpu_type: str | None = None,
         restart: int = 0, max_restarts: int = 0) -> RankResults:
     """Run pickle_call's call once per rank on the Ray cluster this process is attached to (or the one
-    RAY_ADDRESS names). label, cancel, restart, max_restarts: as nbhelpers.local_engine.run. The ranks' system metrics are not
+    RAY_ADDRESS names). label, cancel, restart, max_restarts: as local_engine.run. The ranks' system metrics are not
     sampled here (`system_metrics` is None; Ray's dashboard shows the nodes'), so mlflow_run_id is unused.
     """
-    import ray
+    ray = import_ray('@distributed(engine="ray")')
 
     if not ray.is_initialized() and os.environ.get("RAY_ADDRESS"):
         ray.init()  # joins the cluster at RAY_ADDRESS
@@ -174,7 +175,7 @@ class _RankActor:
 
     def run(self, rank: int, payload: bytes, environ: dict, cwd: str, sys_path: list,
             snapshot_every: float | None) -> bytes:
-        """Run the call; its launch_contract.Outcome as bytes."""
+        """Run the call; its payload.Outcome as bytes."""
         os.environ.update(environ)
         if os.path.isdir(cwd):
             os.chdir(cwd)

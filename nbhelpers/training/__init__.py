@@ -1,0 +1,13 @@
+"""What the training code of the notebooks and recipes calls: settings, rank and device, checkpoints, records.
+
+- params.py           `read_parameters()`: a notebook's `parameters` cell (and papermill's values), checked
+- runtime.py          rank, world size, device and backend (`from nbhelpers import runtime as rt`)
+- checkpoints.py      checkpoints a restart can trust: sealed with checksums, verified when resumed
+- metrics.py          `metrics.json`: what a run records for the tests and benchmarks, and its environment
+- tracking.py         MLflow: one store for every run of the project, an experiment, a notebook's run
+- hub.py              a model or dataset by name (a folder or a hub id) found before training, or one clear error
+- trainer_log.py      what a Hugging Face Trainer measured: logged values, tokens/s without the warm-up steps
+- adapters.py         a LoRA adapter's fingerprint (identical on every rank under DDP), the merged model's export
+- needs_gpu.py        what cannot run on CPUs (TRL's loss kernel) says so before anything loads
+- axolotl_plugins.py  Axolotl plugins: its checkpoints sealed, a resumed run on the same data order
+"""

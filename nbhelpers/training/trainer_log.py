@@ -1,0 +1,51 @@
+"""What a Hugging Face Trainer run measured: the values it logged, and tokens/s without the warm-up steps.
+
+    timer = StepTimer()                                  # needs include_num_input_tokens_seen in the arguments
+    trainer.add_callback(timer)
+    trainer.train()
+    timer.tokens_per_second(warmup_steps=2), logged(trainer, "loss")
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+from transformers import TrainerCallback
+
+
+class StepTimer(TrainerCallback):
+    """Clock and input-token count (summed over all ranks) at the end of every optimizer step.
+
+    The Trainer's own `train_tokens_per_second` includes the first steps (allocator growth, first
+    all-gathers, kernel autotuning); `tokens_per_second(warmup_steps)` leaves them out, which is what a
+    benchmark compares. Needs `include_num_input_tokens_seen` ("all" or "non_padding") in the arguments.
+    """
+
+    def __init__(self):
+        self.times, self.tokens = [], []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # the step's kernels are done, not just queued
+        self.times.append(time.perf_counter())
+        self.tokens.append(state.num_input_tokens_seen)
+
+    def first_timed(self, warmup_steps: int) -> int:
+        """Index of the step the timing starts from: after the warm-up, keeping at least one timed step."""
+        if len(self.times) < 2:
+            raise RuntimeError("tokens/s needs at least 2 optimizer steps")
+        return min(warmup_steps, len(self.times) - 2)
+
+    def timed_steps(self, warmup_steps: int) -> int:
+        return len(self.times) - 1 - self.first_timed(warmup_steps)
+
+    def tokens_per_second(self, warmup_steps: int) -> float:
+        first = self.first_timed(warmup_steps)
+        if self.tokens[-1] == 0:
+            raise RuntimeError("no tokens counted: pass include_num_input_tokens_seen='non_padding' to the config")
+        return (self.tokens[-1] - self.tokens[first]) / (self.times[-1] - self.times[first])
+
+
+def logged(trainer, key: str = "loss") -> list[float]:
+    """The values of one logged metric (loss, eval_loss, ...) in the order the Trainer logged them."""
+    return [entry[key] for entry in trainer.state.log_history if key in entry]
