@@ -1,11 +1,11 @@
-"""What the command-line recipes (recipes/*/train.py) share, and nothing else does: settings from
-config.yaml and flags, torchrun setup, a clear error when a node is lost, alpaca-style data, the FLOP
-count behind MFU, and MLflow tracking.
+"""What the command-line recipes (recipes/*/train.py) share, and nothing else does: settings from config.yaml and
+flags (Hugging Face's parser), torchrun setup, a clear error when a node is lost, alpaca-style data, the FLOP count
+behind MFU, and MLflow tracking.
 
 Each train.py puts this folder (recipes/) on sys.path, so `torchrun ... train.py` and `python train.py`
 work from anywhere; the Ray recipes ship this file to every node with `runtime_env={"py_modules": ...}`.
 
-    args = parse_args(Path(__file__).parent, "FSDP2 fine-tune")   # config.yaml's keys are the flags
+    args = parse_settings(Settings, Path(__file__).parent, "FSDP2 fine-tune")  # config.yaml's keys are the flags
     with torchrun_job("fsdp2", args) as (device, tracking):   # process group, seed, MLflow run on rank 0
         ...                                        # a dead node: a clear error and exit 1, no hang
 """
@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime
+import difflib
 import json
 import os
 import socket
 import sys
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, get_args, get_type_hints
 
 from nbhelpers.planner.flops import flops_per_token, matmul_parameters
 from nbhelpers.training import checkpoints, runtime
@@ -36,34 +38,58 @@ ALPACA_PROMPT = (
 
 
 # --------------------------------------------------------------------------------------------------
-# Settings: every key of the recipe's config.yaml is a flag, spelled as Hugging Face spells it
+# Settings: a dataclass of the recipe's keys, read by Hugging Face's HfArgumentParser; config.yaml holds their values
 # --------------------------------------------------------------------------------------------------
-def _parse_bool(text: str) -> bool:
-    if text.lower() in ("1", "true", "yes", "on"):
-        return True
-    if text.lower() in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, not {text!r}")
+def parse_settings(settings: type, recipe_dir: str | Path, description: str, argv=None):
+    """The recipe's settings, an instance of the dataclass `settings` (names and types; a field with
+    help=argparse.SUPPRESS is a test hook, hidden from --help): RECIPE_DIR/config.yaml's values, then `--config FILE`
+    (YAML/JSON, any subset of its keys), then `--key value` flags (`--bf16` alone means true)."""
+    from transformers import HfArgumentParser
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    hooks = [f.name for f in dataclasses.fields(settings) if f.metadata.get("help") == argparse.SUPPRESS]
+    public = [f.name for f in dataclasses.fields(settings) if f.name not in hooks]
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config")
+    given = pre.parse_known_args(argv)[0].config
+    values = {}
+    for path in [Path(recipe_dir) / "config.yaml", *([given] if given else [])]:
+        layer = load_config_file(path)
+        refuse_unknown_settings(path, layer, known=public, hidden=hooks)
+        values.update(layer)
+    parser = HfArgumentParser(settings, description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
+                              epilog=f"What each setting means: {Path(recipe_dir) / 'config.yaml'}")
+    parser.add_argument("--config", help="YAML/JSON file of any of these settings, applied before the flags")
+    optional = [name for name, kind in get_type_hints(settings).items() if type(None) in get_args(kind)]
+    for action in parser._actions:  # the files' values are the defaults, so no flag is required (as TrlParser does)
+        if action.dest in values:
+            action.default, action.required = values[action.dest], False
+            action.help = action.help or f"default: {values[action.dest]!r}"
+        if action.dest in optional:  # `--key null` is None, as in YAML (not the text "null")
+            action.type = _null_or(action.type)
+    parsed, _, unrecognized = parser.parse_args_into_dataclasses(argv, return_remaining_strings=True,
+                                                                 look_for_args_file=False)
+    if unrecognized:
+        parser.error(f"unrecognized arguments: {' '.join(unrecognized)}")
+    return parsed
 
 
-def _flag_type(default):
-    if isinstance(default, bool):
-        return _parse_bool
-    if isinstance(default, (int, float, str)):
-        return type(default)
-    return lambda text: (None if text.lower() in ("null", "none")
-                         else json.loads(text) if text[:1] in "[{" else _scalar(text))
+def _null_or(kind):
+    def parse(text: str):
+        return None if text.lower() in ("null", "none") else kind(text)
+
+    parse.__name__ = kind.__name__  # argparse's "invalid int value"
+    return parse
 
 
-def _scalar(text: str):
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
+def refuse_unknown_settings(path: str | Path, keys, known, hidden=()) -> None:
+    """Stop with one line if the file PATH holds a key that is no setting (`known`, or a test hook in `hidden`),
+    naming the nearest setting and all of them."""
+    unknown = sorted(set(keys) - set(known) - set(hidden))
+    if unknown:
+        near = sorted({match for key in unknown for match in difflib.get_close_matches(key, known, n=1)})
+        hint = f" (did you mean {', '.join(near)}?)" if near else ""
+        raise SystemExit(f"{path}: unknown setting(s) {unknown}{hint}; the settings are {sorted(known)}")
 
 
 def load_config_file(path: str | Path) -> dict:
@@ -84,38 +110,10 @@ def config_with_overrides(config: str | Path, overrides: str | Path) -> Path:
     import yaml
 
     settings, changes = load_config_file(config), load_config_file(overrides)
-    unknown = sorted(set(changes) - set(settings))
-    if unknown:
-        raise SystemExit(f"{overrides}: unknown setting(s) {unknown}; {config}'s settings are {sorted(settings)}")
+    refuse_unknown_settings(overrides, changes, known=settings)
     merged = Path(tempfile.mkdtemp(prefix="recipe-config-")) / Path(config).name
     merged.write_text(yaml.safe_dump({**settings, **changes}, sort_keys=False))
     return merged
-
-
-def parse_args(recipe_dir: str | Path, description: str, argv=None, hidden: dict | None = None) -> argparse.Namespace:
-    """The recipe's settings: RECIPE_DIR/config.yaml, then `--config FILE` (YAML/JSON, any subset of its keys),
-    then `--key value` flags (`--bf16` alone means true). `hidden`: extra settings for tests, not shown in --help (a
-    --config file may hold them too: the tests give a workload's parameters, HYPERPARAMETERS_PATH, that way)."""
-    recipe_config = load_config_file(Path(recipe_dir) / "config.yaml")
-    hidden = hidden or {}
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--config")
-    given = pre.parse_known_args(argv)[0].config
-    settings = {**recipe_config, **hidden}
-    if given:
-        settings.update(load_config_file(given))
-        unknown = sorted(set(settings) - set(recipe_config) - set(hidden))
-        if unknown:
-            raise SystemExit(f"{given}: unknown setting(s) {unknown}; this recipe's settings are {sorted(recipe_config)}")
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--config", help="YAML/JSON file of settings (any of the keys below), applied before the flags")
-    for key, default in recipe_config.items():
-        value = settings[key]
-        extra = {"nargs": "?", "const": True} if isinstance(default, bool) else {}
-        parser.add_argument(f"--{key}", type=_flag_type(default), default=value, help=f"default: {value!r}", **extra)
-    for key, default in hidden.items():
-        parser.add_argument(f"--{key}", type=_flag_type(default), default=settings[key], help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -374,7 +372,7 @@ def mlflow_run(experiment: str, output_dir: str | Path, tracking_uri: str | None
             mlflow_experiment(experiment, mlflow_tracking_uri(output_dir, tracking_uri))
             run = mlflow.start_run(run_name=Path(output_dir).name, log_system_metrics=True)
         with run:
-            mlflow.log_params({key: value for key, value in params.items() if key != "config"})
+            mlflow.log_params(params)
             yield mlflow
     finally:
         if platform_run:

@@ -89,6 +89,7 @@ def load_recipe_module(recipe: str, name: str):
     try:
         spec = importlib.util.spec_from_file_location(f"recipe_{recipe}_{name}", path)
         module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # as an import does: a dataclass of the module (Settings) looks itself up there
         spec.loader.exec_module(module)
         return module
     finally:
@@ -193,7 +194,7 @@ FSDP2_CHECKPOINTS = textwrap.dedent("""
     script, mode, folders = sys.argv[1], sys.argv[2], [Path(p) for p in sys.argv[3:]]
     dist.init_process_group("gloo", init_method=f"file://{folders[0]}.store", rank=0, world_size=1)
     spec = importlib.util.spec_from_file_location("fsdp2_train", script)
-    train = importlib.util.module_from_spec(spec)
+    train = sys.modules["fsdp2_train"] = importlib.util.module_from_spec(spec)  # its Settings dataclass looks there
     spec.loader.exec_module(train)
     checkpoints = train.checkpoints
 

@@ -112,14 +112,15 @@ def test_a_workload_command_runs_the_recipe_with_flags_its_parser_accepts(recipe
         script, argv = here / words[1], words[2:]
     assert script == REPO / "recipes" / recipe / "train.py", script
     monkeypatch.syspath_prepend(str(REPO / "recipes"))
-    from recipe_common import config_with_overrides, parse_args
+    from recipe_common import config_with_overrides, parse_settings
+    from test_recipes import load_recipe_module
 
     if "--overrides" in argv:  # TRL's parser (deepspeed recipe): the parameters change config.yaml's keys
         settings = yaml.safe_load(config_with_overrides(script.parent / "config.yaml", argv[argv.index("--overrides") + 1])
                                   .read_text())
         assert argv == ["--overrides", str(parameters)] and "--overrides" in script.read_text()
-    else:
-        settings = vars(parse_args(script.parent, recipe, argv))
+    else:  # Hugging Face's parser over the recipe's Settings dataclass
+        settings = vars(parse_settings(load_recipe_module(recipe, "train").Settings, script.parent, recipe, argv))
     assert spec["parameters"].items() <= settings.items(), settings
     if "--num_workers" in argv:  # a Ray Train worker per GPU of the node
         assert settings["num_workers"] == 8

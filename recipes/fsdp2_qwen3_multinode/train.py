@@ -29,6 +29,7 @@ import random
 import resource
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -52,14 +53,51 @@ sys.path.insert(0, str(HERE.parent))  # recipes/: recipe_common.py, what the rec
 sys.path.insert(0, str(HERE))  # linear_attention.py, also when this file is imported from elsewhere
 from linear_attention import INSTALLED, has_linear_attention, install, packed_kwargs, select_kernels  # noqa: E402
 from recipe_common import (Resumed, checkpoint_dir_to_use, gather_rank_facts, load_rows, log_causal_lm,  # noqa: E402
-                           model_sizes, parse_args, resume, save_checkpoint, torchrun_job)
+                           model_sizes, parse_settings, resume, save_checkpoint, torchrun_job)
 
 RECIPE = "fsdp2_qwen3_multinode"
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
 
+@dataclass
+class Settings:
+    """config.yaml's keys, each also a flag (`--max_steps 10`): their types here, their values and meanings there."""
+    model_name_or_path: str
+    dataset_name: str
+    dataset_train_split: str
+    output_dir: str
+    attn_implementation: str | None
+    max_length: int
+    per_device_train_batch_size: int
+    gradient_accumulation_steps: int
+    max_steps: int
+    learning_rate: float
+    min_lr_ratio: float
+    warmup_steps: int
+    weight_decay: float
+    max_grad_norm: float
+    param_dtype: str
+    reduce_dtype: str
+    reshard_after_forward: bool
+    gradient_checkpointing: bool
+    torch_compile: bool | None
+    linear_attention_kernels: str
+    save_steps: int
+    save_total_limit: int
+    resume_from_checkpoint: bool
+    save_final_model: bool
+    logging_steps: int
+    seed: int
+    ddp_timeout: int
+    timing_warmup_steps: int
+    synthetic_data: bool
+    random_init: bool
+    peak_tflops: float | None
+    mlflow_tracking_uri: str | None
+
+
 def main():
-    args = parse_args(HERE, __doc__.split("\n")[0])
+    args = parse_settings(Settings, HERE, __doc__.split("\n")[0])
     checkpoint_dir = checkpoint_dir_to_use(args)  # a fresh run over an earlier run's checkpoints stops here
     with torchrun_job(RECIPE, args) as (device, tracking):  # process group, seed, lost-node guard, MLflow on rank 0
         settle_defaults(args, device)

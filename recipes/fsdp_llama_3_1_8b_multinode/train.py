@@ -22,6 +22,7 @@ import math
 import random
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -40,14 +41,43 @@ from nbhelpers.training.metrics import peak_memory_bytes, write_metrics
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # recipes/: recipe_common.py, what the recipes share
 from recipe_common import (Resumed, alpaca_prompt, checkpoint_dir_to_use, gather_rank_facts, load_rows,  # noqa: E402
-                           log_causal_lm, model_sizes, parse_args, resume, save_checkpoint, tokenize_prompt_response,
-                           torchrun_job)
+                           log_causal_lm, model_sizes, parse_settings, resume, save_checkpoint,
+                           tokenize_prompt_response, torchrun_job)
 
 RECIPE = "fsdp_llama_3_1_8b_multinode"
 
 
+@dataclass
+class Settings:
+    """config.yaml's keys, each also a flag (`--max_steps 10`): their types here, their values and meanings there."""
+    model_name_or_path: str
+    dataset_name: str
+    output_dir: str
+    max_length: int
+    per_device_train_batch_size: int
+    gradient_accumulation_steps: int
+    num_train_epochs: int
+    max_steps: int
+    learning_rate: float
+    warmup_steps: int
+    weight_decay: float
+    max_grad_norm: float
+    bf16: bool
+    gradient_checkpointing: bool
+    cpu_ram_efficient_loading: bool
+    logging_steps: int
+    save_steps: int
+    save_total_limit: int
+    resume_from_checkpoint: bool
+    seed: int
+    ddp_timeout: int
+    timing_warmup_steps: int
+    peak_tflops: float | None
+    mlflow_tracking_uri: str | None
+
+
 def main():
-    args = parse_args(HERE, __doc__.split("\n")[0])
+    args = parse_settings(Settings, HERE, __doc__.split("\n")[0])
     checkpoint_dir = checkpoint_dir_to_use(args)  # a fresh run over an earlier run's checkpoints stops here
     with torchrun_job(RECIPE, args) as (device, tracking):  # process group, seed, lost-node guard, MLflow on rank 0
         model = build_model(args, device)

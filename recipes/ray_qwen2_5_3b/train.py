@@ -23,12 +23,14 @@ does a rerun of the same `run_name`.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import random
 import signal
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -48,13 +50,43 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # recipes/: recipe_common.py, what the recipes share
 import recipe_common  # noqa: E402
 from recipe_common import (alpaca_prompt, load_rows, log_causal_lm, mlflow_run, newest_ray_checkpoint,  # noqa: E402
-                           parse_args)
+                           parse_settings)
 
 RECIPE = "ray_qwen2_5_3b"
 
 
+@dataclass
+class Settings:
+    """config.yaml's keys, each also a flag (`--max_steps 10`): their types here, their values and meanings there."""
+    model_name_or_path: str
+    dataset_name: str
+    output_dir: str
+    num_workers: int
+    use_gpu: bool | None
+    max_steps: int
+    max_length: int
+    per_device_train_batch_size: int
+    learning_rate: float
+    weight_decay: float
+    max_grad_norm: float
+    bf16: bool
+    gradient_checkpointing: bool
+    logging_steps: int
+    timing_warmup_steps: int
+    save_steps: int
+    save_total_limit: int
+    max_failures: int
+    save_final_model: bool
+    seed: int
+    storage_path: str | None
+    run_name: str
+    ray_address: str | None
+    mlflow_tracking_uri: str | None
+    fail_once_at_step: int | None = field(default=None, metadata={"help": argparse.SUPPRESS})  # test hook
+
+
 def main(argv=None) -> None:
-    args = parse_args(HERE, __doc__.split("\n")[0], argv, hidden={"fail_once_at_step": None})  # hidden: tests
+    args = parse_settings(Settings, HERE, __doc__.split("\n")[0], argv)
     if args.save_steps % args.logging_steps:
         raise SystemExit(f"save_steps ({args.save_steps}) must be a multiple of logging_steps ({args.logging_steps}): "
                          "a checkpoint holds the loss curve up to a logged step")

@@ -16,11 +16,13 @@ per-epoch metrics and the model (mlflow.pytorch, with its signature) to MLflow.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -40,12 +42,41 @@ from nbhelpers.training import checkpoints
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # recipes/: recipe_common.py, what the recipes share
 import recipe_common  # noqa: E402
-from recipe_common import mlflow_run, newest_ray_checkpoint, parse_args  # noqa: E402
+from recipe_common import mlflow_run, newest_ray_checkpoint, parse_settings  # noqa: E402
 
 import gpu_images  # noqa: E402  the data path: JPEGs decoded and augmented on the worker's device
 from gpu_images import make_loaders  # noqa: E402
 
 RECIPE = "ray_resnet50"
+
+
+@dataclass
+class Settings:
+    """config.yaml's keys, each also a flag (`--max_steps 10`): their types here, their values and meanings there."""
+    dataset_name: str
+    download: bool
+    output_dir: str
+    num_workers: int
+    use_gpu: bool | None
+    num_train_epochs: int
+    per_device_train_batch_size: int
+    learning_rate: float
+    weight_decay: float
+    weights: str
+    image_size: int
+    data_pipeline: str
+    read_threads: int
+    dataloader_num_workers: int
+    torch_compile: bool
+    bf16: bool
+    max_failures: int
+    save_total_limit: int
+    seed: int
+    storage_path: str | None
+    run_name: str
+    ray_address: str | None
+    mlflow_tracking_uri: str | None
+    fail_once_at_epoch: int | None = field(default=None, metadata={"help": argparse.SUPPRESS})  # test hook
 
 
 def build_model(weights: str | None, num_classes: int) -> torch.nn.Module:
@@ -155,7 +186,7 @@ def train_loop_per_worker(config: dict) -> dict:
 
 
 def main(argv=None) -> None:
-    args = parse_args(HERE, __doc__.split("\n")[0], argv, hidden={"fail_once_at_epoch": None})  # hidden: tests
+    args = parse_settings(Settings, HERE, __doc__.split("\n")[0], argv)
     args.weights = None if str(args.weights).lower() in ("none", "") else args.weights
     args.dataset_name, args.output_dir = (os.path.abspath(os.path.expanduser(p)) for p in (args.dataset_name, args.output_dir))
     args.storage_path = args.storage_path or os.path.join(args.output_dir, "ray_results")
