@@ -18,11 +18,6 @@ AXOLOTL_VENV ?= .venv-axolotl
 AXOLOTL_TORCH ?= torch==2.13.0
 RUNS ?= runs
 PAPERMILL = $(VENV)/bin/papermill --execution-timeout 900 --no-progress-bar
-# pip compiles every module it installs to bytecode (75,000 files in the two environments: about 270 CPU-seconds, most
-# of `make test`'s setup on 2 cores); Python compiles the few thousand a run imports on first import instead, and keeps
-# them: so it must be allowed to write them (some machines set PYTHONDONTWRITEBYTECODE, the CI machine among them).
-PIP_INSTALL = python -m pip install -q --no-compile
-unexport PYTHONDONTWRITEBYTECODE
 
 # A venv with the CUDA build of torch takes about 7.2 GB, the Axolotl one 4.6 GB; pip also unpacks wheels.
 # Refuse early with advice instead of failing half-way with "No space left on device".
@@ -49,9 +44,9 @@ $(VENV)/.installed-%: pyproject.toml constraints.txt Makefile
 	$(call need_free_gb,$(VENV),$(if $(filter dev,$*),2,9),VENV)
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip
-	$(VENV)/bin/$(PIP_INSTALL) $(call torch_for,$*)
+	$(VENV)/bin/python -m pip install -q $(call torch_for,$*)
 	echo "$(call torch_for,$*)" | tr ' ' '\n' > $(VENV)/torch-pin.txt
-	$(VENV)/bin/$(PIP_INSTALL) -c $(VENV)/torch-pin.txt -c constraints.txt -e ".[$*]"
+	$(VENV)/bin/python -m pip install -q -c $(VENV)/torch-pin.txt -c constraints.txt -e ".[$*]"
 	touch $@
 
 # The notebook kernel `cookbook-axolotl` runs in .venv-axolotl; its spec goes into .venv, where papermill
@@ -62,9 +57,9 @@ $(AXOLOTL_VENV)/.installed: environments/axolotl/requirements.txt pyproject.toml
 	$(call need_free_gb,$(AXOLOTL_VENV),6,AXOLOTL_VENV)
 	test -x $(AXOLOTL_VENV)/bin/python || $(PYTHON) -m venv $(AXOLOTL_VENV)
 	$(AXOLOTL_VENV)/bin/python -m pip install -q --upgrade pip
-	$(AXOLOTL_VENV)/bin/$(PIP_INSTALL) $(AXOLOTL_TORCH)
+	$(AXOLOTL_VENV)/bin/python -m pip install -q $(AXOLOTL_TORCH)
 	echo "$(AXOLOTL_TORCH)" | tr ' ' '\n' > $(AXOLOTL_VENV)/torch-pin.txt
-	$(AXOLOTL_VENV)/bin/$(PIP_INSTALL) -c $(AXOLOTL_VENV)/torch-pin.txt -r environments/axolotl/requirements.txt -e .
+	$(AXOLOTL_VENV)/bin/python -m pip install -q -c $(AXOLOTL_VENV)/torch-pin.txt -r environments/axolotl/requirements.txt -e .
 	$(AXOLOTL_VENV)/bin/python -m ipykernel install --prefix $(abspath $(VENV)) --name cookbook-axolotl --display-name "Python (cookbook-axolotl)"
 	touch $@
 
