@@ -254,6 +254,21 @@ def test_each_rank_gets_the_torchrun_environment_with_a_free_loopback_port():
     assert len({e["MASTER_PORT"] for e in envs}) == 1 and int(envs[0]["MASTER_PORT"]) > 0
 
 
+def test_init_process_group_returns_once_every_rank_joined_unless_the_user_says_otherwise(monkeypatch):
+    # without torch's barrier after init, a rank that ends right after init_process_group can close its connections
+    # while a slower peer still makes them: "Gloo connectFullMesh failed ... Connection closed by peer" (the
+    # getting-started notebook's hello, under load)
+    @distributed
+    def barrier_after_init():
+        return os.environ.get("TORCH_DIST_INIT_BARRIER")
+
+    assert barrier_after_init.distributed() == ["1", "1"]
+    monkeypatch.setenv("TORCH_DIST_INIT_BARRIER", "0")
+    assert barrier_after_init.distributed() == ["0", "0"]
+    assert barrier_after_init() == "0"  # a plain call leaves the user's setting as it was
+    assert os.environ["TORCH_DIST_INIT_BARRIER"] == "0"
+
+
 def listening_sockets(pids):
     return [c for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN and c.pid in pids]
 
