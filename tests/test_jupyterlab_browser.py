@@ -170,8 +170,9 @@ class Lab:
 
         count = len(self.js(JS_PROMPTS))
         self.click(".jp-NotebookPanel jp-button[data-command='notebook:insert-cell-below']")
-        self.wait(lambda: self.js(JS_ACTIVE) == [count, True, ""], "a new empty code cell at the end")
-        editor = self.driver.find_element(By.CSS_SELECTOR, ".jp-NotebookPanel .jp-Cell.jp-mod-active .cm-content")
+        editor = self.wait(lambda: self.js(JS_ACTIVE) == [count, True, ""] and self.driver.find_elements(
+            By.CSS_SELECTOR, ".jp-NotebookPanel .jp-Cell.jp-mod-active .cm-content"),
+            "a new empty code cell at the end")[0]
         editor.click()
         # as a paste does: typed key by key, the editor would indent each new line after a colon once more
         self.driver.execute_cdp_cmd("Input.insertText", {"text": code})
@@ -202,7 +203,11 @@ def _start_jupyterlab(folder: Path, root: Path, log: Path) -> tuple[subprocess.P
     deadline = time.monotonic() + WAIT_S
     while not info_file.is_file() and server.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert info_file.is_file(), f"JupyterLab did not start (exit code {server.poll()}):\n{log.read_text()[-3000:]}"
+    if not info_file.is_file():
+        server.kill()
+        server.wait(timeout=30)
+        raise AssertionError(f"JupyterLab did not start within {WAIT_S} s (exit code {server.returncode}):\n"
+                             f"{log.read_text()[-3000:]}")
     return server, json.loads(info_file.read_text())
 
 
@@ -219,12 +224,19 @@ def _stop(server: subprocess.Popen, profile: Path) -> None:
         server.wait(timeout=30)
     for p in psutil.process_iter(["cmdline"]):
         with contextlib.suppress(psutil.Error, TypeError):
-            if f"--user-data-dir={profile}" in " ".join(p.info["cmdline"]):
+            if str(profile) in " ".join(p.info["cmdline"]):  # the browser's processes, its crash handler too
                 left.append(p)
     _, alive = psutil.wait_procs(left, timeout=10)
     for p in alive:
         with contextlib.suppress(psutil.Error):
             p.kill()
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 @pytest.fixture(scope="module")
@@ -297,7 +309,8 @@ def test_run_all_shows_each_ranks_lines_in_the_cell_that_launched_them(ran_all):
     lab = ran_all
     hello = lab.cell("hello.distributed()")
     shown = lab.text(hello)
-    for line in ("[rank 0] hello from rank 0 of 2", "[rank 1] hello from rank 1 of 2", "results, in rank order: [0, 1]"):
+    for line in ("[rank 0] hello from rank 0 of 2", "[rank 1] hello from rank 1 of 2",
+                 "results, in rank order: [0, 1]"):
         assert line in shown, f"the hello cell shows:\n{shown}"
     elsewhere = {i: line for i in range(len(lab.sources)) if i != hello
                  for line in lab.text(i).splitlines() if line.startswith("[rank ")}
@@ -342,7 +355,7 @@ def test_stop_on_a_long_cell_says_so_in_one_line_leaves_no_rank_running_and_the_
     assert len(errors) == 1 and re.fullmatch(r"KeyboardInterrupt: stopped 2 ranks of sleeps\(\) after \d+\.\d s",
                                              errors[0]), f"what Stop showed, one line expected: {errors}"
     assert_nothing_left_running(lab.kernel.pid, within=10)
-    survivors = [p for p in ranks if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]  # reparented ones too
+    survivors = [p for p in ranks if _running(p)]  # a rank that escaped its parent (reparented) too
     assert not survivors, f"ranks still running after Stop: {survivors}"
 
     next_launch = lab.run_new_cell(NEXT_LAUNCH)
@@ -351,5 +364,6 @@ def test_stop_on_a_long_cell_says_so_in_one_line_leaves_no_rank_running_and_the_
     shown = lab.text(next_launch)
     for line in ("[rank 0] hello from rank 0 of 2", "[rank 1] hello from rank 1 of 2", "next launch: [0, 1]"):
         assert line in shown, f"the launch after Stop shows:\n{shown}"
-    assert [mime for mime, _ in lab.outputs(next_launch)] == ["application/vnd.jupyter.stdout"], lab.outputs(next_launch)
+    outputs = lab.outputs(next_launch)
+    assert [mime for mime, _ in outputs] == ["application/vnd.jupyter.stdout"], f"one plain output: {outputs}"
     assert_nothing_left_running(lab.kernel.pid, within=10)
