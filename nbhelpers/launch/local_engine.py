@@ -233,6 +233,7 @@ def single_process_environment():
     added = torchrun_environment(0, 1, free_port(), run_id=f"local-{os.getpid()}")
     added.pop("PYTHONUNBUFFERED")
     added.pop("NBHELPERS_LAUNCH_ID")
+    added.pop("TORCH_DIST_INIT_BARRIER")  # one rank waits for nobody; and the user's own setting stays after the call
     added.update(_loopback_environment())
     os.environ.update(added)
     try:
