@@ -495,15 +495,26 @@ def _fails_on_rank_1():
     dist.barrier()  # rank 0 would wait here for ever
 
 
-def test_leftover_processes_sees_running_ranks():
+def test_leftover_processes_sees_running_ranks(tmp_path):
+    """Counted while both ranks are surely running: each says so with a file and waits for the count to be taken."""
     @distributed
-    def count_while_running():
-        time.sleep(1.5)
+    def count_while_running(folder):
+        (folder / f"rank{os.environ['RANK']}").touch()
+        deadline = time.monotonic() + 60
+        while not (folder / "counted").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def count():
+        deadline = time.monotonic() + 60
+        while not all((tmp_path / f"rank{r}").exists() for r in (0, 1)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        found.append(len(leftover_processes()))
+        (tmp_path / "counted").touch()
 
     found = []
-    watcher = threading.Thread(target=lambda: (time.sleep(0.8), found.append(len(leftover_processes()))))
+    watcher = threading.Thread(target=count)
     watcher.start()
-    count_while_running.distributed()
+    count_while_running.distributed(tmp_path)
     watcher.join()
     assert found == [2], "the process counter used by these tests must see the ranks"
     assert_nothing_left_running()
