@@ -184,17 +184,27 @@ CASES = [
         output_contains=("[rank 0]", "each rank holds 1/2 of every one: True", "unsharded model from step_12"),
     ),
     NotebookCase(
-        # The guide on 2 CPU processes (gloo) with the tiny Llama stand-in: every section runs and says what it
-        # measured (tests/test_performance_and_resilience.py reads it). Its failure demo's last rank fails at step 6;
-        # the same launch again resumes from step 4's checkpoint to the uninterrupted run's losses.
-        "notebooks/performance_and_resilience.ipynb",
+        # The fast-steps guide on 2 CPU processes (gloo) with the tiny Llama stand-in: every knob row is measured in one
+        # launch and the baseline's step is profiled on each rank (tests/test_fast_steps.py reads its metrics.json).
+        "notebooks/02_fast_steps.ipynb",
         parameters={"output_dir": "{output_dir}", "num_gpus": None, "model_name_or_path": "{standin:llama-3.2-1b}",
-                    "dataset_name": "{data}/alpaca", "max_length": 64, "per_device_train_batch_size": 2,
-                    "learning_rate": 0.001, "timing_warmup_steps": 1, "timed_steps": 2, "dataloader_num_workers": 1,
-                    "max_steps": 10, "save_steps": 4},
-        # (its tokens/s against the seconds it counts: tests/test_performance_and_resilience.py)
-        expect={"world_size": ("==", 2), "final_loss": ("<", ("initial_loss", 0.9))},
+                    "max_length": 64, "per_device_train_batch_size": 2, "timing_warmup_steps": 1, "timed_steps": 2,
+                    "dataloader_num_workers": 1},
+        # (its tokens/s against the seconds it counts: tests/test_fast_steps.py)
+        expect={"world_size": ("==", 2)},
         files=("profile/rank0.pt.trace.json", "profile/rank1.pt.trace.json", "knobs.png"),
+        timeout=300,
+        output_contains=("[rank 0]",),
+    ),
+    NotebookCase(
+        # The failures guide on 2 CPU processes (gloo) with the tiny Llama stand-in: its failure demo's last rank fails
+        # at step 6; the same launch again resumes from step 4's checkpoint to the uninterrupted run's losses
+        # (tests/test_surviving_failures.py: that, the hung collective, the timeout and torchrun's restart).
+        "notebooks/03_surviving_failures.ipynb",
+        parameters={"output_dir": "{output_dir}", "num_gpus": None, "model_name_or_path": "{standin:llama-3.2-1b}",
+                    "max_length": 64, "per_device_train_batch_size": 2, "learning_rate": 0.001, "max_steps": 10,
+                    "save_steps": 4},
+        expect={"world_size": ("==", 2), "final_loss": ("<", ("initial_loss", 0.9))},
         timeout=300,
         output_contains=("[rank 0]", "resuming from"),
     ),
