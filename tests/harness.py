@@ -51,7 +51,11 @@ def generated_dataset(name: str) -> Path:
 
 
 def fill(value, output_dir: Path, standin):
-    """Replace the {placeholders} of notebook_cases.py in a parameter value."""
+    """Replace the {placeholders} of notebook_cases.py in a parameter value (in each item of a list or dict too)."""
+    if isinstance(value, list):
+        return [fill(item, output_dir, standin) for item in value]
+    if isinstance(value, dict):
+        return {key: fill(item, output_dir, standin) for key, item in value.items()}
     if not isinstance(value, str):
         return value
 
@@ -87,7 +91,7 @@ def run_notebook(case, workdir: Path, standin=None):
     for name, value in parameters.items():  # a dict is a settings file: written as YAML, its path passed
         if isinstance(value, dict):
             path = workdir / f"{name}.yml"
-            path.write_text(yaml.safe_dump({k: fill(v, output_dir, standin) for k, v in value.items()}))
+            path.write_text(yaml.safe_dump(value))
             parameters[name] = str(path)
     executed = workdir / Path(case.notebook).name
     require_kernel(case.kernel)

@@ -65,9 +65,9 @@ UNSLOTH_SMOKE = {"output_dir": "{output_dir}", "model_name_or_path": "{standin:l
                  "dataset_name": "{data}/finetome", "max_length": 512, "max_steps": 20, "learning_rate": 0.01,
                  "config": {"gradient_accumulation_steps": 1, "save_steps": 10, "warmup_steps": 2}}
 
-AXOLOTL_SMOKE = {"output_dir": "{output_dir}", "num_gpus": 1, "model_name_or_path": "{standin:olmo-3-7b}",
-                 "dataset_name": "{data}/alpaca_messages/train.jsonl", "max_length": 256, "max_steps": 16,
-                 "save_steps": 8, "learning_rate": 0.01,
+AXOLOTL_SMOKE = {"output_dir": "{output_dir}", "num_gpus": 1, "base_model": "{standin:olmo-3-7b}",
+                 "datasets": [{"path": "{data}/alpaca_messages/train.jsonl", "type": "chat_template"}],
+                 "sequence_len": 256, "max_steps": 16, "save_steps": 8, "learning_rate": 0.01,
                  "config": {"gradient_accumulation_steps": 1, "val_set_size": 0.02}}
 
 CASES = [
