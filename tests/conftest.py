@@ -89,7 +89,8 @@ LONGEST_FIRST = [
     "test_axolotl_notebook.py", "test_recipes.py", "test_unsloth_notebook.py", "test_trl_fsdp_gpt_oss_120b.py",
     "test_trl_deepspeed_llama_3_2_1b.py", "test_trl_ddp_gpt_oss_20b.py", "test_lightning_notebook.py",
     "test_fsdp2_transformer.py", "test_retinanet_notebook.py", "test_notebooks.py", "test_ray_recipes.py",
-    "test_distributed.py", "test_qwen35_recipe.py", "test_performance_and_resilience.py", "test_ray.py",
+    "test_distributed.py", "test_qwen35_recipe.py", "test_surviving_failures.py", "test_ray.py",
+    "test_fast_steps.py",
 ]
 
 

@@ -51,7 +51,11 @@ def generated_dataset(name: str) -> Path:
 
 
 def fill(value, output_dir: Path, standin):
-    """Replace the {placeholders} of notebook_cases.py in a parameter value."""
+    """Replace the {placeholders} of notebook_cases.py in a parameter value (in each item of a list or dict too)."""
+    if isinstance(value, list):
+        return [fill(item, output_dir, standin) for item in value]
+    if isinstance(value, dict):
+        return {key: fill(item, output_dir, standin) for key, item in value.items()}
     if not isinstance(value, str):
         return value
 
@@ -87,7 +91,7 @@ def run_notebook(case, workdir: Path, standin=None):
     for name, value in parameters.items():  # a dict is a settings file: written as YAML, its path passed
         if isinstance(value, dict):
             path = workdir / f"{name}.yml"
-            path.write_text(yaml.safe_dump({k: fill(v, output_dir, standin) for k, v in value.items()}))
+            path.write_text(yaml.safe_dump(value))
             parameters[name] = str(path)
     executed = workdir / Path(case.notebook).name
     require_kernel(case.kernel)
@@ -107,7 +111,10 @@ def run_notebook(case, workdir: Path, standin=None):
         for name in _hook_module().parse(",".join(case.hooks)):
             records = hook_records(workdir, name)
             ranks = sorted({r["rank"] for r in records if r["rank"] is not None})
-            metrics["hooks"][name] = {"count": len(records), "ranks": ranks, "records": records}
+            # and each recorded field, the ranks' values in rank order: "hooks.record_lightning_trainer.world_size"
+            by_rank = sorted(records, key=lambda r: (r["rank"] is None, r["rank"] or 0))
+            fields = {key: [r.get(key) for r in by_rank] for r in records for key in r if key not in ("pid", "rank")}
+            metrics["hooks"][name] = {**fields, "count": len(records), "ranks": ranks, "records": records}
     if any(name.startswith("mlflow.") for name in case.expect):  # e.g. "mlflow.models.model.loads"
         metrics["mlflow"] = mlflow_store(project_store(workdir))
     return metrics, nbformat.read(executed, as_version=4)

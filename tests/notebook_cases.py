@@ -65,9 +65,9 @@ UNSLOTH_SMOKE = {"output_dir": "{output_dir}", "model_name_or_path": "{standin:l
                  "dataset_name": "{data}/finetome", "max_length": 512, "max_steps": 20, "learning_rate": 0.01,
                  "config": {"gradient_accumulation_steps": 1, "save_steps": 10, "warmup_steps": 2}}
 
-AXOLOTL_SMOKE = {"output_dir": "{output_dir}", "num_gpus": 1, "model_name_or_path": "{standin:olmo-3-7b}",
-                 "dataset_name": "{data}/alpaca_messages/train.jsonl", "max_length": 256, "max_steps": 16,
-                 "save_steps": 8, "learning_rate": 0.01,
+AXOLOTL_SMOKE = {"output_dir": "{output_dir}", "num_gpus": 1, "base_model": "{standin:olmo-3-7b}",
+                 "datasets": [{"path": "{data}/alpaca_messages/train.jsonl", "type": "chat_template"}],
+                 "sequence_len": 256, "max_steps": 16, "save_steps": 8, "learning_rate": 0.01,
                  "config": {"gradient_accumulation_steps": 1, "val_set_size": 0.02}}
 
 CASES = [
@@ -153,8 +153,9 @@ CASES = [
         expect={
             "world_size": ("==", 1),
             "final_loss": ("<", ("initial_loss", 0.8)),
-            "cluster_environment": ("==", ["TorchElasticEnvironment"]),
+            "hooks.record_lightning_trainer.cluster_environment": ("==", ["TorchElasticEnvironment"]),
         },
+        hooks=("record_lightning_trainer",),
         timeout=180,
         output_contains=("one rank: it wrote every checkpoint and computed every metric itself; nothing to compare",),
     ),
@@ -184,17 +185,27 @@ CASES = [
         output_contains=("[rank 0]", "each rank holds 1/2 of every one: True", "unsharded model from step_12"),
     ),
     NotebookCase(
-        # The guide on 2 CPU processes (gloo) with the tiny Llama stand-in: every section runs and says what it
-        # measured (tests/test_performance_and_resilience.py reads it). Its failure demo's last rank fails at step 6;
-        # the same launch again resumes from step 4's checkpoint to the uninterrupted run's losses.
-        "notebooks/performance_and_resilience.ipynb",
+        # The fast-steps guide on 2 CPU processes (gloo) with the tiny Llama stand-in: every knob row is measured in one
+        # launch and the baseline's step is profiled on each rank (tests/test_fast_steps.py reads its metrics.json).
+        "notebooks/02_fast_steps.ipynb",
         parameters={"output_dir": "{output_dir}", "num_gpus": None, "model_name_or_path": "{standin:llama-3.2-1b}",
-                    "dataset_name": "{data}/alpaca", "max_length": 64, "per_device_train_batch_size": 2,
-                    "learning_rate": 0.001, "timing_warmup_steps": 1, "timed_steps": 2, "dataloader_num_workers": 1,
-                    "max_steps": 10, "save_steps": 4},
-        # (its tokens/s against the seconds it counts: tests/test_performance_and_resilience.py)
-        expect={"world_size": ("==", 2), "final_loss": ("<", ("initial_loss", 0.9))},
+                    "max_length": 64, "per_device_train_batch_size": 2, "timing_warmup_steps": 1, "timed_steps": 2,
+                    "dataloader_num_workers": 1},
+        # (its tokens/s against the seconds it counts: tests/test_fast_steps.py)
+        expect={"world_size": ("==", 2)},
         files=("profile/rank0.pt.trace.json", "profile/rank1.pt.trace.json", "knobs.png"),
+        timeout=300,
+        output_contains=("[rank 0]",),
+    ),
+    NotebookCase(
+        # The failures guide on 2 CPU processes (gloo) with the tiny Llama stand-in: its failure demo's last rank fails
+        # at step 6; the same launch again resumes from step 4's checkpoint to the uninterrupted run's losses
+        # (tests/test_surviving_failures.py: that, the hung collective, the timeout and torchrun's restart).
+        "notebooks/03_surviving_failures.ipynb",
+        parameters={"output_dir": "{output_dir}", "num_gpus": None, "model_name_or_path": "{standin:llama-3.2-1b}",
+                    "max_length": 64, "per_device_train_batch_size": 2, "learning_rate": 0.001, "max_steps": 10,
+                    "save_steps": 4},
+        expect={"world_size": ("==", 2), "final_loss": ("<", ("initial_loss", 0.9))},
         timeout=300,
         output_contains=("[rank 0]", "resuming from"),
     ),

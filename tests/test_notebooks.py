@@ -11,7 +11,7 @@ OWN_FILE = {f"notebooks/trl/{name}.ipynb" for name in ("ddp_gpt_oss_20b", "fsdp_
 OWN_FILE |= {"notebooks/unsloth/ddp_llama_3_2_3b.ipynb", "notebooks/axolotl/ddp_olmo3_7b.ipynb",
              "notebooks/pytorch/fsdp2_transformer.ipynb", "notebooks/pytorch/ddp_retinanet.ipynb",
              "notebooks/lightning/ddp_two_tower.ipynb", "notebooks/choose_your_technique.ipynb",
-             "notebooks/performance_and_resilience.ipynb"}
+             "notebooks/02_fast_steps.ipynb", "notebooks/03_surviving_failures.ipynb"}
 HERE = [c for c in CASES if c.notebook not in OWN_FILE]
 
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Every notebook after the lesson rewrite (issue 31), through papermill with num_gpus=1 on ONE H200.
 #   GROUP=pytorch  getting_started, ddp_mlp, fsdp2_transformer (300 steps, then the same command to 400: a resume),
-#                  choose_your_technique, 01_sweeps_and_remote, performance_and_resilience (full-size Llama-3.2-1B
-#                  stand-in); and ddp_retinanet and ddp_two_tower as of e48f795 (before the rewrite) and as now, with
-#                  the same settings, one after the other: the loss curves side by side (before_after.json).
+#                  choose_your_technique, 01_sweeps_and_remote, 02_fast_steps and 03_surviving_failures (full-size
+#                  Llama-3.2-1B stand-in; until issue 44 one notebook, performance_and_resilience); and ddp_retinanet
+#                  and ddp_two_tower as of e48f795 (before the rewrite) and as now, with the same settings, one after
+#                  the other: the loss curves side by side (before_after.json).
 #   GROUP=llm      ddp_gpt_oss_20b (all 24 layers), fsdp_gpt_oss_120b (1 of 36 layers), deepspeed_llama_3_2_1b,
 #                  the Unsloth notebook (full-size stand-ins, random weights), and the Axolotl notebook when its pack
 #                  (.devsite/axolotl, benchmarks/gpu/pack-axolotl.sh) is on the machine.
@@ -63,9 +64,9 @@ pytorch_rest() {
 }
 pytorch_guide() {
   python3 tests/standins.py make llama-3.2-1b --size full --weights --device cuda:0 --out "$models/llama-3.2-1b" > /dev/null
-  pm performance_and_resilience notebooks/performance_and_resilience.ipynb -p model_name_or_path "$models/llama-3.2-1b" \
-    -p dataset_name "$data/alpaca" -p dataloader_num_workers 4
-  rm -rf "$runs/performance_and_resilience/checkpoints" "$models/llama-3.2-1b"
+  pm fast_steps notebooks/02_fast_steps.ipynb -p model_name_or_path "$models/llama-3.2-1b" -p dataloader_num_workers 4
+  pm surviving_failures notebooks/03_surviving_failures.ipynb -p model_name_or_path "$models/llama-3.2-1b"
+  rm -rf "$runs/surviving_failures/resilience" "$models/llama-3.2-1b"
 }
 
 standin() {  # standin ARCH [LAYERS]: the published config (fewer layers where given), random weights

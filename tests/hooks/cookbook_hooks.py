@@ -119,6 +119,27 @@ def record_checkpoint_writers(value: str) -> None:
     when_imported("lightning.fabric.plugins.io.torch_io", patch)
 
 
+def record_lightning_trainer(value: str) -> None:
+    """After each Lightning Trainer.fit() in a rank: how Lightning found the ranks (its cluster environment), the
+    backend of the process group it trained in and its world size."""
+
+    def patch(module):
+        fit = module.Trainer.fit
+
+        def fit_and_record(self, *args, **kwargs):
+            output = fit(self, *args, **kwargs)
+            import torch.distributed as dist
+
+            record("record_lightning_trainer", cluster_environment=type(self.strategy.cluster_environment).__name__,
+                   process_group_backend=dist.get_backend() if dist.is_initialized() else None,
+                   world_size=self.world_size)
+            return output
+
+        module.Trainer.fit = fit_and_record
+
+    when_imported("lightning.pytorch.trainer.trainer", patch)
+
+
 def count_started_processes(value: str) -> None:
     """Each process started through subprocess or multiprocessing is recorded with the starter's rank."""
     import multiprocessing.process
@@ -201,7 +222,8 @@ def _full_numel(parameter) -> int:
 
 HOOKS = {hook.__name__: hook for hook in (kill_rank_after_optimizer_step, kill_rank_while_writing_checkpoint,
                                           kill_rank_after_checkpoint, record_checkpoint_writers,
-                                          count_started_processes, simulate_gpus, simulate_gpu_memory, record_trainer)}
+                                          record_lightning_trainer, count_started_processes, simulate_gpus,
+                                          simulate_gpu_memory, record_trainer)}
 
 
 def parse(spec: str) -> dict:

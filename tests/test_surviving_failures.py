@@ -1,8 +1,7 @@
-"""notebooks/performance_and_resilience.ipynb on 2 CPU processes (its case in notebook_cases.py): every knob row is
-measured, the rank that fails is named, the rerun resumes from the newest checkpoint to the uninterrupted run's
-losses, the hung collective is caught with every rank's stack showing where it waits (rank 0 in the barrier the
-last rank skipped, rank 1 in the next all_reduce), the process-group timeout fires, and torchrun's restart
-finishes the job."""
+"""notebooks/03_surviving_failures.ipynb on 2 CPU processes (its case in notebook_cases.py): the rank that fails is
+named, the rerun resumes from the newest checkpoint to the uninterrupted run's losses, the hung collective is caught
+with every rank's stack showing where it waits (rank 0 in the barrier the last rank skipped, rank 1 in the next
+all_reduce), the process-group timeout fires, and torchrun's restart finishes the job."""
 import re
 
 import pytest
@@ -10,7 +9,7 @@ import pytest
 from harness import assert_case_passes, case_ids, output_text
 from notebook_cases import CASES
 
-NOTEBOOK = "notebooks/performance_and_resilience.ipynb"
+NOTEBOOK = "notebooks/03_surviving_failures.ipynb"
 MINE = [c for c in CASES if c.notebook == NOTEBOOK]
 
 pytestmark = pytest.mark.notebook
@@ -27,28 +26,14 @@ def test_notebook_meets_its_expectations(case, notebook_run):
     assert_case_passes(case, notebook_run)
 
 
-def test_every_knob_is_measured_with_two_ranks(guide):
-    metrics, _ = guide
-    assert [k["change"] for k in metrics["knobs"]] == [
-        "baseline (FSDP2, bf16, eager)", "fp32 instead of bf16", "activation checkpointing", "2x batch size",
-        "FSDP2 reshard_after_forward=False", "DDP instead of FSDP2", "DataLoader: 0 workers, pageable memory",
-        "torch.compile"]
-    # tokens/s is all ranks' tokens of the timed steps over rank 0's seconds of them: 2 steps x 2 ranks x the row's
-    # batch x 64 tokens. Counting one rank's tokens, or the warm-up's seconds, fails this.
-    for k in metrics["knobs"]:
-        batch = 2 * 2 if k["change"] == "2x batch size" else 2
-        assert k["tokens_per_s"] * k["timed_s"] == pytest.approx(2 * 2 * batch * 64, rel=1e-6), k
-
-
-def test_the_profiled_throughput_counts_the_timed_steps(guide):
-    metrics, _ = guide
-    assert metrics["tokens_per_s"] * metrics["timed_s"][0] == pytest.approx(2 * 2 * 2 * 64, rel=1e-6), metrics
-
-
-def test_the_failed_rank_is_named_and_the_rerun_resumes_to_the_same_losses(guide):
-    metrics, text = guide
+def test_the_failed_rank_is_named(guide):
+    _, text = guide
     assert "DistributedError: rank 1 failed" in text
     assert "the failure demo: rank 1 fails at step 6" in text
+
+
+def test_the_rerun_resumes_from_the_newest_checkpoint_to_the_uninterrupted_runs_losses(guide):
+    metrics, text = guide
     assert "resuming from" in text and "(step 4)" in text
     assert max(abs(a - b) for a, b in zip(metrics["losses"], metrics["resumed_losses"])) < 1e-5
     assert len(metrics["resumed_losses"]) == len(metrics["losses"]) == 10
