@@ -664,6 +664,8 @@ def test_a_ranks_traceback_shows_the_lines_of_code_that_exists_only_in_this_proc
 DOUBLE_INTERRUPTS = """
 import faulthandler, signal, sys, time
 faulthandler.register(signal.SIGUSR2, all_threads=True)  # the test's watchdog asks for the stacks of a stuck launch
+if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:  # e.g. SIG_IGN inherited from the test process
+    sys.exit(f"SIGINT does not raise KeyboardInterrupt in this script: {signal.getsignal(signal.SIGINT)!r}")
 import nbhelpers
 import nbhelpers.launch.local_engine as local_engine
 from nbhelpers import distributed

@@ -253,12 +253,15 @@ def _interrupts_ignored():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is None:  # a handler installed from C: it could not be put back, and SIGINT would stay ignored after
+        yield  # (ignored, it is inherited by every process started later, which then never sees an interrupt)
+        return
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         yield
     finally:
-        if previous is not None:  # None: a handler installed from C, which cannot be put back
-            signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGINT, previous)
 
 
 _RANKS_RUNNING = [0]  # ranks of this process's launches running now, behind the lock
