@@ -113,7 +113,8 @@ def run_notebook(case, workdir: Path, standin=None):
             ranks = sorted({r["rank"] for r in records if r["rank"] is not None})
             # and each recorded field, the ranks' values in rank order: "hooks.record_lightning_trainer.world_size"
             by_rank = sorted(records, key=lambda r: (r["rank"] is None, r["rank"] or 0))
-            fields = {key: [r.get(key) for r in by_rank] for r in records for key in r if key not in ("pid", "rank")}
+            keys = dict.fromkeys(key for r in records for key in r if key not in ("pid", "rank"))
+            fields = {key: [r.get(key) for r in by_rank] for key in keys}
             metrics["hooks"][name] = {**fields, "count": len(records), "ranks": ranks, "records": records}
     if any(name.startswith("mlflow.") for name in case.expect):  # e.g. "mlflow.models.model.loads"
         metrics["mlflow"] = mlflow_store(project_store(workdir))
