@@ -78,7 +78,8 @@ quickstart: $(QUICKSTART_STAMP)
 # PYTEST_ARGS picks tests, e.g. make test PYTEST_ARGS="tests/test_distributed.py -x".
 # TEST_WORKERS pytest processes share the tests (pytest-xdist): the tests spend much of their time waiting (process
 # starts, kernels, rendezvous), so three streams fit a 2-core machine (five overload it: timeouts). --dist loadfile keeps each file's tests on
-# one worker: a notebook's cases live in one file with the tests that reuse their runs. TEST_WORKERS=0: no xdist.
+# one worker: a notebook's cases live in one file with the tests that reuse their runs. --no-loadscope-reorder: the files
+# in the order tests/conftest.py gives them (longest first), not xdist's most-tests-first. TEST_WORKERS=0: no xdist.
 PYTEST_ARGS ?=
 TEST_WORKERS ?= 3
 test: setup setup-axolotl
@@ -86,4 +87,4 @@ test: setup setup-axolotl
 	mkdir "$$scratch/tmp" "$$scratch/home" && echo "make test: TMPDIR and HOME are fresh folders in $$scratch" && \
 	TMPDIR="$$scratch/tmp" HOME="$$scratch/home" \
 	HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 AXOLOTL_DO_NOT_TRACK=1 RAY_USAGE_STATS_ENABLED=0 \
-		$(abspath $(VENV))/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+		$(abspath $(VENV))/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)

@@ -82,15 +82,14 @@ def no_mlflow_store_chosen(monkeypatch):
 
 
 # The files that take minutes (each runs notebooks or recipes several times), longest first, as measured on the CI
-# machine on 2026-12-05. pytest-xdist (--dist loadfile) hands files out in collection order, and alphabetical order put
-# the TRL and Unsloth notebooks last: the run's last minutes were one worker finishing a notebook while the others
-# had nothing left. Started first, they run beside the many short files instead.
+# machine on 2026-12-05. pytest-xdist (--dist loadfile --no-loadscope-reorder, in the Makefile) hands files out in
+# collection order; its default order (most tests first) had started the two-test Ray recipes file last, and the run's
+# last three minutes were that file alone. Started first, the long files run beside the many short ones instead.
 LONGEST_FIRST = [
-    "test_axolotl_notebook.py", "test_recipes.py", "test_unsloth_notebook.py", "test_trl_fsdp_gpt_oss_120b.py",
-    "test_trl_deepspeed_llama_3_2_1b.py", "test_trl_ddp_gpt_oss_20b.py", "test_lightning_notebook.py",
-    "test_fsdp2_transformer.py", "test_retinanet_notebook.py", "test_notebooks.py", "test_ray_recipes.py",
-    "test_distributed.py", "test_qwen35_recipe.py", "test_surviving_failures.py", "test_ray.py",
-    "test_fast_steps.py",
+    "test_axolotl_notebook.py", "test_fsdp2_transformer.py", "test_ray_recipes.py", "test_trl_deepspeed_llama_3_2_1b.py",
+    "test_trl_ddp_gpt_oss_20b.py", "test_trl_fsdp_gpt_oss_120b.py", "test_unsloth_notebook.py", "test_recipes.py",
+    "test_lightning_notebook.py", "test_retinanet_notebook.py", "test_distributed.py", "test_notebooks.py",
+    "test_qwen35_recipe.py", "test_ray.py", "test_surviving_failures.py", "test_cpu_fixes.py", "test_fast_steps.py",
 ]
 
 
