@@ -243,7 +243,10 @@ def report(args, result, use_gpu: bool, wall_s: float, tracking) -> None:
     example = torch.randn(2, 3, args.image_size, args.image_size)
     with torch.no_grad():
         signature = infer_signature(example.numpy(), model.eval()(example).numpy())
-    tracking.pytorch.log_model(model, name="model", signature=signature, input_example=example.numpy())
+    # the pip requirements given: MLflow infers them by loading the model again in a process of its own
+    requirements = [f"{m.__name__}=={m.__version__.split('+')[0]}" for m in (torch, torchvision)]
+    tracking.pytorch.log_model(model, name="model", signature=signature, input_example=example.numpy(),
+                               pip_requirements=requirements)
     print(f"final: train loss {losses[-1]:.4f}, val accuracy {history[-1]['val_accuracy']:.3f}, "
           f"{history[-1]['images_per_s']:.0f} images/s on {history[-1]['world_size']} workers -> {path}")
 
