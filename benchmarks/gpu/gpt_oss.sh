@@ -6,10 +6,11 @@
 #           compiled (its last step profiled, after the timed ones), then eager (same seed and data: the losses compare).
 #   padded  the same without packing (the notebook before it): real tokens/s of padded batches, eager and compiled.
 #   fsdp    GPT-OSS-120B at full width with GPT_OSS_120B_LAYERS layers (default 8), FSDP2 through the Trainer under
-#           torchrun on one GPU, per-GPU batch 2 x 2,048: compiled, then eager.
+#           torchrun on one GPU, per-GPU batch 2 x 2,048: compiled, then eager. The compiled run fails in the backward
+#           (CheckpointError: LoRA on the experts breaks each layer's graph; 2026-12-05): kept to try a fix with.
 #   nb20b   the DDP notebook through papermill on a stand-in written here (all 24 layers, MXFP4 experts), num_gpus 1,
 #           torch_compile True then False, 8 steps, no merge.
-#   nb120b  the FSDP notebook the same way, GPT_OSS_120B_NOTEBOOK_LAYERS layers (default 12).
+#   nb120b  the FSDP notebook (eager: it does not compile) the same way, GPT_OSS_120B_NOTEBOOK_LAYERS layers (default 12).
 # --packing measures speed only: with Transformers 5.17 packed GPT-OSS conversations attend to each other
 # (tests/test_gpt_oss_compile_and_packing.py), so the notebooks do not pack.
 # Results: $RESULTS/gpt_oss/<run>.json, <run>.log, profile_*.txt, summary.txt.
@@ -66,8 +67,7 @@ fi
 if [[ $stages == *" nb120b "* ]]; then
   python3 tests/standins.py make gpt-oss-120b --size "$size" "${weights[@]}" --mxfp4 \
     --layers "${GPT_OSS_120B_NOTEBOOK_LAYERS:-12}" --out "$models/gpt-oss-120b"
-  pm notebooks/trl/fsdp_gpt_oss_120b.ipynb nb_120b_compiled -p model_name_or_path "$models/gpt-oss-120b" -p torch_compile True
-  pm notebooks/trl/fsdp_gpt_oss_120b.ipynb nb_120b_eager -p model_name_or_path "$models/gpt-oss-120b" -p torch_compile False
+  pm notebooks/trl/fsdp_gpt_oss_120b.ipynb nb_120b -p model_name_or_path "$models/gpt-oss-120b"
   rm -rf "$models/gpt-oss-120b"
 fi
 python3 - "$out" <<'PY' | tee "$out/summary.txt"
