@@ -17,7 +17,7 @@ RECIPES = sorted(p.name for p in (REPO / "recipes").iterdir() if (p / "train.py"
 
 MAX_CELL_LINES = 40
 MAX_HEADER_LINES = 12  # what, the one idea, the launch line, the measured result
-MAX_PARAMETERS = 14  # the GPT-OSS notebooks: their 13 and torch_compile
+MAX_PARAMETERS = 14  # the GPT-OSS-20B notebook: its 13 and torch_compile
 # Test machinery that belongs in tests/hooks, and values or stamps computed only so that a test can read them:
 # never in a lesson (issue 31 names the ones that were).
 TEST_ONLY_NAMES = ("patch_for_cpu", "trl_cpu", "stop_after_step", "crash_while_saving_step", "CrashWhileWriting",
