@@ -198,6 +198,17 @@ CASES = [
         output_contains=("[rank 0]",),
     ),
     NotebookCase(
+        # One rank: every knob row still measured and the step profiled, FSDP2 over a world of one.
+        "notebooks/02_fast_steps.ipynb",
+        parameters={"output_dir": "{output_dir}", "num_gpus": 1, "model_name_or_path": "{standin:llama-3.2-1b}",
+                    "max_length": 64, "per_device_train_batch_size": 2, "timing_warmup_steps": 1, "timed_steps": 2,
+                    "dataloader_num_workers": 1},
+        expect={"world_size": ("==", 1)},
+        files=("profile/rank0.pt.trace.json", "knobs.png"),
+        timeout=300,
+        output_contains=("tokens/s on 1 rank(s)",),
+    ),
+    NotebookCase(
         # The failures guide on 2 CPU processes (gloo) with the tiny Llama stand-in: its failure demo's last rank fails
         # at step 6; the same launch again resumes from step 4's checkpoint to the uninterrupted run's losses
         # (tests/test_surviving_failures.py: that, the hung collective, the timeout and torchrun's restart).
@@ -208,6 +219,17 @@ CASES = [
         expect={"world_size": ("==", 2), "final_loss": ("<", ("initial_loss", 0.9))},
         timeout=300,
         output_contains=("[rank 0]", "resuming from"),
+    ),
+    NotebookCase(
+        # One rank: the demo fails rank 0, the rerun resumes from step 4 to the same losses, torchrun restarts it.
+        "notebooks/03_surviving_failures.ipynb",
+        parameters={"output_dir": "{output_dir}", "num_gpus": 1, "model_name_or_path": "{standin:llama-3.2-1b}",
+                    "max_length": 64, "per_device_train_batch_size": 2, "learning_rate": 0.001, "max_steps": 10,
+                    "save_steps": 4},
+        expect={"world_size": ("==", 1), "final_loss": ("<", ("initial_loss", 0.9))},
+        timeout=300,
+        output_contains=("the failure demo: rank 0 fails at step 6", "resuming from", "(step 4)",
+                         "attempt 1: rank 0 done"),
     ),
     NotebookCase(
         # One rank holds every parameter whole: the notebook says nothing is sharded. Its MLflow store holds the run's

@@ -1,5 +1,5 @@
-"""notebooks/02_fast_steps.ipynb on 2 CPU processes (its case in notebook_cases.py): every knob row is measured, and
-each throughput counts all ranks' tokens of the timed steps over rank 0's seconds of them."""
+"""notebooks/02_fast_steps.ipynb on 2 CPU processes and on one (its cases in notebook_cases.py): every knob row is
+measured, and each throughput counts all ranks' tokens of the timed steps over rank 0's seconds of them."""
 import pytest
 
 from harness import assert_case_passes, case_ids

@@ -1,7 +1,7 @@
-"""notebooks/03_surviving_failures.ipynb on 2 CPU processes (its case in notebook_cases.py): the rank that fails is
-named, the rerun resumes from the newest checkpoint to the uninterrupted run's losses, the hung collective is caught
-with every rank's stack showing where it waits (rank 0 in the barrier the last rank skipped, rank 1 in the next
-all_reduce), the process-group timeout fires, and torchrun's restart finishes the job."""
+"""notebooks/03_surviving_failures.ipynb on 2 CPU processes and on one (its cases in notebook_cases.py): the rank that
+fails is named, the rerun resumes from the newest checkpoint to the uninterrupted run's losses, the hung collective
+is caught with every rank's stack showing where it waits (rank 0 in the barrier the last rank skipped, rank 1 in the
+next all_reduce), the process-group timeout fires, and torchrun's restart finishes the job."""
 import re
 
 import pytest
@@ -24,6 +24,12 @@ def guide(notebook_run):
 @pytest.mark.parametrize("case", MINE, ids=case_ids(MINE))
 def test_notebook_meets_its_expectations(case, notebook_run):
     assert_case_passes(case, notebook_run)
+
+
+def test_one_rank_resumes_to_its_uninterrupted_losses_too(notebook_run):
+    metrics, _, _ = notebook_run(MINE[1])  # the num_gpus=1 case
+    assert metrics["world_size"] == 1 and len(metrics["resumed_losses"]) == len(metrics["losses"]) == 10
+    assert max(abs(a - b) for a, b in zip(metrics["losses"], metrics["resumed_losses"])) < 1e-5
 
 
 def test_the_failed_rank_is_named(guide):
