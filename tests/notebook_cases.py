@@ -65,6 +65,15 @@ UNSLOTH_SMOKE = {"output_dir": "{output_dir}", "model_name_or_path": "{standin:l
                  "dataset_name": "{data}/finetome", "max_length": 512, "max_steps": 20, "learning_rate": 0.01,
                  "config": {"gradient_accumulation_steps": 1, "save_steps": 10, "warmup_steps": 2}}
 
+# The two guides on the tiny Llama stand-in, 2 CPU processes (num_gpus None); their one-rank cases reuse them.
+FAST_STEPS_SMOKE = {"output_dir": "{output_dir}", "num_gpus": None, "model_name_or_path": "{standin:llama-3.2-1b}",
+                    "max_length": 64, "per_device_train_batch_size": 2, "timing_warmup_steps": 1, "timed_steps": 2,
+                    "dataloader_num_workers": 1}
+SURVIVING_FAILURES_SMOKE = {
+    "output_dir": "{output_dir}", "num_gpus": None, "model_name_or_path": "{standin:llama-3.2-1b}", "max_length": 64,
+    "per_device_train_batch_size": 2, "learning_rate": 0.001, "max_steps": 10, "save_steps": 4,
+}
+
 AXOLOTL_SMOKE = {"output_dir": "{output_dir}", "num_gpus": 1, "base_model": "{standin:olmo-3-7b}",
                  "datasets": [{"path": "{data}/alpaca_messages/train.jsonl", "type": "chat_template"}],
                  "sequence_len": 256, "max_steps": 16, "save_steps": 8, "learning_rate": 0.01,
@@ -188,9 +197,7 @@ CASES = [
         # The fast-steps guide on 2 CPU processes (gloo) with the tiny Llama stand-in: every knob row is measured in one
         # launch and the baseline's step is profiled on each rank (tests/test_fast_steps.py reads its metrics.json).
         "notebooks/02_fast_steps.ipynb",
-        parameters={"output_dir": "{output_dir}", "num_gpus": None, "model_name_or_path": "{standin:llama-3.2-1b}",
-                    "max_length": 64, "per_device_train_batch_size": 2, "timing_warmup_steps": 1, "timed_steps": 2,
-                    "dataloader_num_workers": 1},
+        parameters=FAST_STEPS_SMOKE,
         # (its tokens/s against the seconds it counts: tests/test_fast_steps.py)
         expect={"world_size": ("==", 2)},
         files=("profile/rank0.pt.trace.json", "profile/rank1.pt.trace.json", "knobs.png"),
@@ -200,9 +207,7 @@ CASES = [
     NotebookCase(
         # One rank: every knob row still measured and the step profiled, FSDP2 over a world of one.
         "notebooks/02_fast_steps.ipynb",
-        parameters={"output_dir": "{output_dir}", "num_gpus": 1, "model_name_or_path": "{standin:llama-3.2-1b}",
-                    "max_length": 64, "per_device_train_batch_size": 2, "timing_warmup_steps": 1, "timed_steps": 2,
-                    "dataloader_num_workers": 1},
+        parameters={**FAST_STEPS_SMOKE, "num_gpus": 1},
         expect={"world_size": ("==", 1)},
         files=("profile/rank0.pt.trace.json", "knobs.png"),
         timeout=300,
@@ -213,9 +218,7 @@ CASES = [
         # at step 6; the same launch again resumes from step 4's checkpoint to the uninterrupted run's losses
         # (tests/test_surviving_failures.py: that, the hung collective, the timeout and torchrun's restart).
         "notebooks/03_surviving_failures.ipynb",
-        parameters={"output_dir": "{output_dir}", "num_gpus": None, "model_name_or_path": "{standin:llama-3.2-1b}",
-                    "max_length": 64, "per_device_train_batch_size": 2, "learning_rate": 0.001, "max_steps": 10,
-                    "save_steps": 4},
+        parameters=SURVIVING_FAILURES_SMOKE,
         expect={"world_size": ("==", 2), "final_loss": ("<", ("initial_loss", 0.9))},
         timeout=300,
         output_contains=("[rank 0]", "resuming from"),
@@ -223,9 +226,7 @@ CASES = [
     NotebookCase(
         # One rank: the demo fails rank 0, the rerun resumes from step 4 to the same losses, torchrun restarts it.
         "notebooks/03_surviving_failures.ipynb",
-        parameters={"output_dir": "{output_dir}", "num_gpus": 1, "model_name_or_path": "{standin:llama-3.2-1b}",
-                    "max_length": 64, "per_device_train_batch_size": 2, "learning_rate": 0.001, "max_steps": 10,
-                    "save_steps": 4},
+        parameters={**SURVIVING_FAILURES_SMOKE, "num_gpus": 1},
         expect={"world_size": ("==", 1), "final_loss": ("<", ("initial_loss", 0.9))},
         timeout=300,
         output_contains=("the failure demo: rank 0 fails at step 6", "resuming from", "(step 4)",
