@@ -83,7 +83,7 @@ def main() -> None:
     args = SimpleNamespace(
         output_dir=str(Path(cli.out).with_suffix("")), learning_rate=2e-4, max_steps=cli.max_steps,
         per_device_train_batch_size=cli.per_device_train_batch_size or defaults[cli.model], max_length=2048,
-        lora_r={"gpt-oss-20b": 8, "gpt-oss-120b": 32}[cli.model], fsdp_config="", torch_compile=cli.torch_compile,
+        lora_r={"gpt-oss-20b": 8, "gpt-oss-120b": 32}[cli.model], fsdp_config="",
         sft_settings={"packing": cli.packing, "save_steps": 10_000, "report_to": [], "dataloader_num_workers": 0},
     )
     if cli.model == "gpt-oss-120b":  # built on the GPU here, not loaded by rank 0: nothing to broadcast
