@@ -6,7 +6,7 @@
 #
 # Usage (from the project root):   PYTHON=.venv/bin/python bash benchmarks/gpu/pack-site.sh [PROFILE...]
 #   PROFILE: notebook (papermill/nbclient/ipykernel...), trl, deepspeed, unsloth, ray, fla   (default: notebook trl deepspeed)
-# Writes .devsite/site.tar.gz (.gitignore keeps .devsite/ out of git). Carry it to the GPU machine;
+# Writes .devsite/site.tar.gz (.gitignore keeps .devsite/ out of git; PACK_OUT=FILE writes FILE instead). Carry it to the GPU machine;
 # benchmarks/gpu/run.sh unpacks every .devsite/*.tar.gz into /tmp/site and puts it on PYTHONPATH and PATH.
 # Versions are pinned to those the CPU tests use (pyproject.toml), so the GPU runs test the same code paths.
 set -euo pipefail
@@ -18,10 +18,10 @@ PKGS[notebook]="papermill nbclient nbformat jupyter_client jupyter_core ipykerne
 PKGS[trl]="trl==1.15.0 datasets==4.8.4 dill multiprocess"
 PKGS[deepspeed]="hjson pydantic pydantic-core annotated-types typing-inspection"
 PKGS[unsloth]="unsloth==2026.10.9 unsloth_zoo==2026.10.9 bitsandbytes==0.50.2 tyro docstring-parser shtab typeguard cut_cross_entropy hf_transfer msgspec structlog json5 torchao"
-PKGS[ray]="ray tensorboardX"   # ray alone packs to ~44 MB: carry it without unsloth
+PKGS[ray]="ray tensorboardX jsonschema jsonschema-specifications referencing rpds-py"   # ~44 MB: the Ray recipes' call packs it with pack-ray.sh
 PKGS[fla]="fla-core==0.6.0 flash-linear-attention==0.6.0"   # pure Python (Triton kernels), 1.5 MB
 
-out=.devsite; work=$(mktemp -d); mkdir -p "$out" "$work/site"
+pack=${PACK_OUT:-.devsite/site.tar.gz}; work=$(mktemp -d); mkdir -p "$(dirname "$pack")" "$work/site"
 want=""; for p in "${profiles[@]}"; do want="$want ${PKGS[$p]}"; done
 py=(--python-version 3.12 --implementation cp --only-binary=:all: --no-deps)
 plat=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64
@@ -41,6 +41,6 @@ find "$work/site/bitsandbytes" -name 'libbitsandbytes_*.so' ! -name '*cuda130*' 
 rm -rf "$work/site/studio" "$work/site/unsloth/studio" "$work/site/ray/jars" 2>/dev/null || true
 find "$work/site" -name '*.js.map' -delete
 find "$work/site" -name '__pycache__' -prune -exec rm -rf {} + 
-tar czf "$out/site.tar.gz" -C "$work/site" .
-du -h "$out/site.tar.gz"; rm -rf "$work"
-[ $(stat -c %s "$out/site.tar.gz") -lt $((60*1024*1024)) ] || echo "pack-site: over 60 MiB; a call carries 64 MiB in all: pack fewer profiles" >&2
+tar czf "$pack" -C "$work/site" .
+du -h "$pack"; rm -rf "$work"
+[ $(stat -c %s "$pack") -lt $((60*1024*1024)) ] || echo "pack-site: over 60 MiB; a call carries 64 MiB in all: pack fewer profiles" >&2
