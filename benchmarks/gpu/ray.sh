@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Issue 10 evidence on the GPU machine (see ray.md): both Ray Train recipes on 1 and on 2 GPUs
-# (images/s, tokens/s, peak memory), and @distributed(engine="ray") with NCCL across the GPUs.
+# Issue 10 evidence on the GPU machine (see ray.md): both Ray Train recipes on 1 worker and on every GPU when there are
+# more (images/s, tokens/s, peak memory), and @distributed(engine="ray") with NCCL across the GPUs.
+# RAY_RECIPES="resnet50 qwen" (default) picks the recipes; QWEN_GRADIENT_CHECKPOINTING="false true" also runs the
+# Qwen2.5 recipe with activation checkpointing (its runs named ..._ckpt), for the memory and speed side by side.
 # Needs `python3 -c "import ray"` to work (ray is carried as a site dir). Results: $RESULTS/ray/.
 # Each run has its own storage path: Ray Train resumes a run of the same name found there.
 # Sizes can be shrunk to test the logic on CPU, e.g.
@@ -16,6 +18,10 @@ IMAGES_PER_CLASS=${IMAGES_PER_CLASS:-192}
 IMAGE_SIZE=${IMAGE_SIZE:-224}
 RESNET_BATCH=${RESNET_BATCH:-64}
 LOADER_WORKERS=${LOADER_WORKERS:-8}
+RAY_RECIPES=${RAY_RECIPES:-resnet50 qwen}
+QWEN_GRADIENT_CHECKPOINTING=${QWEN_GRADIENT_CHECKPOINTING:-false}
+gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
+WORKER_COUNTS=${WORKER_COUNTS:-$( [ "$gpus" -gt 1 ] && echo "1 $gpus" || echo 1 )}  # a Ray Train worker per GPU
 export RAY_USAGE_STATS_ENABLED=0 RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
 begin=$(date +%s)
 say() { echo "[$(( $(date +%s) - begin )) s] $*"; }
@@ -29,13 +35,15 @@ if [ -z "${RAY_ADDRESS:-}" ]; then  # one Ray instance for every run here (a run
 fi
 say "ray up at $RAY_ADDRESS"
 
-python3 data/make_image_folders.py "$work/images" --train-per-class "$IMAGES_PER_CLASS" --val-per-class 16 \
-  --size $(( IMAGE_SIZE * 8 / 7 )) > "$out/images.log" 2>&1 &
-python3 tests/standins.py make qwen2.5-3b --size "$QWEN_SIZE" --weights --out "$work/qwen" > "$out/standin.log" 2>&1 &
+[[ " $RAY_RECIPES " == *" resnet50 "* ]] && python3 data/make_image_folders.py "$work/images" \
+  --train-per-class "$IMAGES_PER_CLASS" --val-per-class 16 --size $(( IMAGE_SIZE * 8 / 7 )) > "$out/images.log" 2>&1 &
+[[ " $RAY_RECIPES " == *" qwen "* ]] && python3 tests/standins.py make qwen2.5-3b --size "$QWEN_SIZE" --weights \
+  --out "$work/qwen" > "$out/standin.log" 2>&1 &
 wait
-say "data and stand-in ready: $(tail -n 1 "$out/images.log"); $(tail -n 1 "$out/standin.log")"
+say "data and stand-in ready: $(tail -qn 1 "$out/images.log" "$out/standin.log" 2>/dev/null | tr '\n' ' ')"
 
-for n in 1 2; do
+for n in $WORKER_COUNTS; do
+  [[ " $RAY_RECIPES " == *" resnet50 "* ]] || break
   python3 recipes/ray_resnet50/train.py --dataset_name "$work/images" --weights none --num_train_epochs 2 \
     --per_device_train_batch_size "$RESNET_BATCH" --image_size "$IMAGE_SIZE" --dataloader_num_workers "$LOADER_WORKERS" \
     --num_workers $n --output_dir "$out/resnet50_${n}w" --storage_path "$work/ray_results_resnet50_${n}w" \
@@ -43,12 +51,16 @@ for n in 1 2; do
   say "resnet50 on $n worker(s): rc=$? $(grep '^final' "$out/resnet50_${n}w.log")"
 done
 
-for n in 1 2; do
-  python3 recipes/ray_qwen2_5_3b/train.py --model_name_or_path "$work/qwen" --dataset_name data/alpaca --max_length "$SEQ" \
-    --max_steps "$QWEN_STEPS" --logging_steps 6 --timing_warmup_steps 2 --save_final_model false --num_workers $n \
-    --output_dir "$out/qwen2_5_3b_${n}w" --storage_path "$work/ray_results_qwen_${n}w" \
-    > "$out/qwen2_5_3b_${n}w.log" 2>&1
-  say "qwen2.5-3b on $n worker(s): rc=$? $(grep '^final' "$out/qwen2_5_3b_${n}w.log")"
+for checkpointing in $QWEN_GRADIENT_CHECKPOINTING; do
+  for n in $WORKER_COUNTS; do
+    [[ " $RAY_RECIPES " == *" qwen "* ]] || break 2
+    name=qwen2_5_3b_${n}w; [ "$checkpointing" = true ] && name=${name}_ckpt
+    python3 recipes/ray_qwen2_5_3b/train.py --model_name_or_path "$work/qwen" --dataset_name data/alpaca --max_length "$SEQ" \
+      --max_steps "$QWEN_STEPS" --logging_steps 6 --save_steps 0 --timing_warmup_steps 2 --save_final_model false --num_workers $n \
+      --gradient_checkpointing "$checkpointing" --output_dir "$out/$name" --storage_path "$work/ray_results_$name" \
+      > "$out/$name.log" 2>&1
+    say "qwen2.5-3b on $n worker(s), gradient_checkpointing $checkpointing: rc=$? $(grep '^final' "$out/$name.log")"
+  done
 done
 
 # @distributed(engine="ray"): every GPU of the cluster, NCCL all-reduce, the placement env of each rank.
@@ -99,14 +111,20 @@ def load(name):
 
 summary = {}
 for recipe, metric in (("resnet50", "images_per_s"), ("qwen2_5_3b", "tokens_per_s")):
-    runs = {n: load(f"{recipe}_{n}w") for n in (1, 2)}
-    row = {f"{metric}_{n}w": (m or {}).get(metric) for n, m in runs.items()}
-    row.update({f"final_loss_{n}w": (m or {}).get("final_loss") for n, m in runs.items()})
-    if recipe == "qwen2_5_3b":
-        row.update({f"peak_memory_gib_{n}w": (m or {}).get("peak_memory_bytes", 0) / 2**30 if m else None for n, m in runs.items()})
-    if row[f"{metric}_1w"] and row[f"{metric}_2w"]:
-        row["scaling_2w_over_1w"] = row[f"{metric}_2w"] / row[f"{metric}_1w"]
-    summary[recipe] = row
+    for variant in ("", "_ckpt"):  # _ckpt: with activation checkpointing (Qwen2.5 only)
+        runs = {int(p.name[len(recipe) + 1:].split("w")[0]): load(p.name)
+                for p in sorted(out.glob(f"{recipe}_*w{variant}")) if p.is_dir() and p.name.endswith(f"w{variant}")}
+        if not runs:
+            continue
+        row = {f"{metric}_{n}w": (m or {}).get(metric) for n, m in runs.items()}
+        row.update({f"final_loss_{n}w": (m or {}).get("final_loss") for n, m in runs.items()})
+        if recipe == "qwen2_5_3b":
+            row.update({f"peak_memory_gib_{n}w": m["peak_memory_bytes"] / 2**30 if (m or {}).get("peak_memory_bytes") else None
+                        for n, m in runs.items()})
+        counts = sorted(runs)
+        if len(counts) > 1 and row[f"{metric}_1w"] and row[f"{metric}_{counts[-1]}w"]:
+            row[f"scaling_{counts[-1]}w_over_1w"] = row[f"{metric}_{counts[-1]}w"] / row[f"{metric}_1w"]
+        summary[recipe + variant] = row
 engine = out / "engine_nccl.json"
 summary["engine_nccl"] = json.loads(engine.read_text()) if engine.exists() else None
 (out / "summary.json").write_text(json.dumps(summary, indent=2))
