@@ -7,7 +7,10 @@
 #   stage recipe (STAGES=recipe; ray carried as for ray.sh): recipes/ray_resnet50/train.py under Ray Train,
 #     device pipeline, 2 epochs each, for each of RECIPE_MODES (default "eager torch_compile") on each of
 #     RECIPE_WORKERS workers (default 1, and every GPU when there are more). About 4 minutes on one H200;
-#     on 2 GPUs use RECIPE_MODES=torch_compile (1 and 2 workers: the scaling figure).
+#     on 2 GPUs use RECIPE_MODES=torch_compile (1 and 2 workers: the scaling figure). The first run kills its last
+#     worker once after training epoch KILL_AT_EPOCH (default 1; empty: no kill) and trains one epoch more than the
+#     others, so Ray Train's restart and the resume from the epoch before are part of the evidence. With the bench stage
+#     in the same call, the last line gives each recipe run's images/s as a share of the synthetic ceiling.
 # Results: $RESULTS/ray/resnet_data.json, resnet_data_summary.txt (one line), logs; recipe runs in
 # $RESULTS/ray/resnet50_data_*/metrics.json. A CPU dry run of the logic (seconds of training, no compile):
 #   RESULTS=/tmp/r RESNET_DATA_DRY_RUN=1 bash benchmarks/gpu/resnet_data.sh
@@ -46,17 +49,36 @@ if [[ " $STAGES " == *" recipe "* ]]; then
   fi
   gpus=$(python3 -c "import torch; print(max(1, torch.cuda.device_count()))")
   workers=${RECIPE_WORKERS:-$( [ "$gpus" -gt 1 ] && echo "1 $gpus" || echo 1 )}
+  kill_at=${KILL_AT_EPOCH-1}
   for mode in ${RECIPE_MODES:-eager torch_compile}; do
     for n in $workers; do
       name=resnet50_data_${n}w_${mode}
       compile=false; [ "$mode" = torch_compile ] && compile=true
+      epochs=(--num_train_epochs 2)
+      if [ -n "$kill_at" ]; then  # this run only: a worker dies once, the group restarts from the epoch before
+        epochs=(--num_train_epochs $(( kill_at + 2 )) --fail_once_at_epoch "$kill_at"); name=${name}_killed; kill_at=
+      fi
       python3 recipes/ray_resnet50/train.py --dataset_name "$work/images" --download false "${recipe_sizes[@]}" \
-        --num_train_epochs 2 --num_workers "$n" --data_pipeline device --torch_compile "$compile" \
+        "${epochs[@]}" --num_workers "$n" --data_pipeline device --torch_compile "$compile" \
         --output_dir "$out/$name" --storage_path "$work/ray_results_$name" > "$out/$name.log" 2>&1
       say "recipe $name: rc=$? $(grep '^final' "$out/$name.log")"
     done
   done
   [ "$own_ray" = 1 ] && ray stop --force > /dev/null 2>&1
+  python3 - "$out" <<'PY' | tee "$out/resnet50_data_recipe_summary.txt"
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+bench = out / "resnet_data.json"
+runs = json.loads(bench.read_text())["runs"] if bench.exists() else {}
+for path in sorted(out.glob("resnet50_data_*/metrics.json")):
+    m = json.loads(path.read_text())
+    ceiling = runs.get("synthetic_compiled" if m["torch_compile"] else "synthetic_eager", {}).get("images_per_s")
+    share = f", {m['images_per_s'] / ceiling:.0%} of the synthetic {'compiled' if m['torch_compile'] else 'eager'} ceiling ({ceiling:,.0f})" if ceiling else ""
+    print(f"{path.parent.name}: {m['images_per_s']:,.0f} images/s{share}; val accuracy {m['final_val_accuracy']:.3f}; "
+          f"epochs {[e['epoch'] for e in m['epochs']]}, worker groups started at {m['worker_group_starts']}, "
+          f"killed worker {m['killed_worker']}, {m['wall_s']:.0f} s")
+PY
 fi
 rm -rf "$work"
 say "done"
