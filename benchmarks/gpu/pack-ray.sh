@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Pack what the Ray recipes need on the lent GPU machine into .devsite-ray/ray.tar.gz (git-ignored), which
 # benchmarks/gpu/run.sh unpacks as it does .devsite's: Ray with what it imports and the image lacks (pack-site.sh ray:
-# jsonschema), and MLflow's client with its SQLite store and pydantic (pack-extra.sh), which Ray Train imports too and
-# the recipes log to. Together they pack to ~63 MB, more than one call carries beside the working tree (64 MiB in all),
-# so what the recipes never load goes (RLlib, Serve, Ray's LLM library, the dashboard's web UI, pycocotools,
-# google-auth) and the binaries lose their symbol tables (strip --strip-unneeded): ~51 MB. Carry it alone:
-# carry [".devsite-ray"], for `run.sh ray` and `STAGES=recipe ... run.sh resnet_data`.
+# jsonschema, and Datasets, which the Qwen2.5 recipe reads its rows with), and MLflow's client with its SQLite store
+# and pydantic (pack-extra.sh), which Ray Train imports too and the recipes log to. Together they pack to ~64 MB, more
+# than one call carries beside the working tree (64 MiB in all), so what the recipes never load goes (RLlib, Serve,
+# Ray's LLM library, the dashboard's web UI, pycocotools, google-auth) and the binaries lose their symbol tables
+# (strip --strip-unneeded): ~52 MB. Carry it alone: carry [".devsite-ray"], for `run.sh ray` and
+# `STAGES=recipe ... run.sh resnet_data`.
 # Usage (from the project root): PYTHON=.venv/bin/python bash benchmarks/gpu/pack-ray.sh
 set -euo pipefail
 work=$(mktemp -d)

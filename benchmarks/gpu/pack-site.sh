@@ -18,7 +18,7 @@ PKGS[notebook]="papermill nbclient nbformat jupyter_client jupyter_core ipykerne
 PKGS[trl]="trl==1.15.0 datasets==4.8.4 dill multiprocess"
 PKGS[deepspeed]="hjson pydantic pydantic-core annotated-types typing-inspection"
 PKGS[unsloth]="unsloth==2026.10.9 unsloth_zoo==2026.10.9 bitsandbytes==0.50.2 tyro docstring-parser shtab typeguard cut_cross_entropy hf_transfer msgspec structlog json5 torchao"
-PKGS[ray]="ray tensorboardX jsonschema jsonschema-specifications referencing rpds-py"   # ~44 MB: the Ray recipes' call packs it with pack-ray.sh
+PKGS[ray]="ray tensorboardX jsonschema jsonschema-specifications referencing rpds-py datasets==4.8.4 dill multiprocess"   # ~44 MB; the Ray recipes' calls: pack-ray.sh
 PKGS[fla]="fla-core==0.6.0 flash-linear-attention==0.6.0"   # pure Python (Triton kernels), 1.5 MB
 
 pack=${PACK_OUT:-.devsite/site.tar.gz}; work=$(mktemp -d); mkdir -p "$(dirname "$pack")" "$work/site"
