@@ -58,6 +58,7 @@ if [[ " $STAGES " == *" recipe "* ]]; then
       if [ -n "$kill_at" ]; then  # this run only: a worker dies once, the group restarts from the epoch before
         epochs=(--num_train_epochs $(( kill_at + 2 )) --fail_once_at_epoch "$kill_at"); name=${name}_killed; kill_at=
       fi
+      mkdir -p "$out/$name"  # the kill's marker file goes there before the driver writes anything to it
       python3 recipes/ray_resnet50/train.py --dataset_name "$work/images" --download false "${recipe_sizes[@]}" \
         "${epochs[@]}" --num_workers "$n" --data_pipeline device --torch_compile "$compile" \
         --output_dir "$out/$name" --storage_path "$work/ray_results_$name" > "$out/$name.log" 2>&1
