@@ -567,10 +567,11 @@ def test_a_peers_lost_connection_is_said_in_words_and_another_later_error_is_quo
         "Rank 3 failed after it: ValueError: a bug of its own\n")
 
 
-def test_processes_a_rank_started_in_their_own_session_are_stopped_too():
+def test_processes_a_rank_started_in_their_own_session_are_stopped_too(capsys):
     @distributed
     def spawns_then_fails():
         child = subprocess.Popen(["sleep", "300"], start_new_session=True)
+        print(f"child {child.pid}", flush=True)
         if int(os.environ["RANK"]) == 1:
             time.sleep(0.5)
             raise RuntimeError(f"child {child.pid} is running")
@@ -579,8 +580,15 @@ def test_processes_a_rank_started_in_their_own_session_are_stopped_too():
     with pytest.raises(DistributedError, match="rank 1"):
         spawns_then_fails.distributed()
     assert_nothing_left_running()
-    sleepers = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "300"]]
-    assert not sleepers, f"left running: {sleepers}"
+    # These two children by their pids: another test's `sleep 300`, running beside this one, is not theirs
+    children = [int(pid) for pid in re.findall(r"^\[rank \d\] child (\d+)$", capsys.readouterr().out, re.MULTILINE)]
+    assert len(children) == 2, children
+    left = []
+    for pid in children:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:  # a zombie has ended, awaiting its reaper
+                left.append(pid)
+    assert not left, f"left running: {left}"
 
 
 def test_a_rank_killed_by_a_signal_is_named_with_the_signal():
