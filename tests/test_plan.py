@@ -85,6 +85,16 @@ def test_fused_adamw_needs_no_step_temporaries():
     assert bytes_of(fused, "temporaries") == 0
 
 
+def test_ddp_gradients_as_bucket_views_are_no_second_copy_at_the_step():
+    p = tiny_llama_parameters_by_hand()
+    copies = plan(LlamaConfig(**TINY_LLAMA), gpus=2, gpu_memory_gib=80, fused_adamw=True).estimate("ddp")
+    views = plan(LlamaConfig(**TINY_LLAMA), gpus=2, gpu_memory_gib=80, fused_adamw=True,
+                 gradient_as_bucket_view=True).estimate("ddp")
+    assert bytes_of(copies, "temporaries") == pytest.approx(4 * p)  # the fp32 .grad tensors beside the buckets
+    assert bytes_of(views, "temporaries") == 0
+    assert bytes_of(views, "gradients") == bytes_of(copies, "gradients") == pytest.approx(4 * p)  # the buckets
+
+
 def test_lora_trains_only_the_adapters():
     p = tiny_llama_parameters_by_hand()
     adapters = 2 * (8 * (64 + 64) + 8 * (64 + 32))  # r=8 on q_proj (64->64) and v_proj (64->32), 2 layers

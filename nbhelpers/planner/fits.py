@@ -32,7 +32,7 @@ def visible_gpus() -> list[tuple[str, float]]:
 
 def check_fits(model, technique: str, *, gpus: int | None = None, lora_rank: int | None = None,
                quantization: str | None = None, seq_len: int = 2048, micro_batch: int = 1, checkpointing: bool = False,
-               attention: str | None = None):
+               attention: str | None = None, fused_adamw: bool = False, gradient_as_bucket_view: bool = False):
     """Print the planner's one-line verdict for training `model` with `technique` ("ddp", "fsdp", "zero3", ...) on
     `gpus` of the GPUs this process sees (None: all of them); return the Plan, or None where no GPU is visible.
 
@@ -45,7 +45,8 @@ def check_fits(model, technique: str, *, gpus: int | None = None, lora_rank: int
     gpus = gpus or len(here)
     name, memory = here[0][0], min(gib for _, gib in here[:gpus])
     options = dict(lora_rank=lora_rank, quantization=quantization, seq_len=seq_len, micro_batch=micro_batch,
-                   checkpointing=checkpointing, attention=attention, suggest=False)
+                   checkpointing=checkpointing, attention=attention, fused_adamw=fused_adamw,
+                   gradient_as_bucket_view=gradient_as_bucket_view, suggest=False)
     built = load_model(model)  # on the meta device, once for every plan below
     verdict = plan(built, gpus=gpus, gpu_memory_gib=memory, **options)
     needed = verdict.estimate(technique)

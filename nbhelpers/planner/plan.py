@@ -118,7 +118,8 @@ CPU offload (two more rows; recommended only when nothing fits on the GPUs alone
                    (4P/N) on the CPU; the GPU holds the gathered modules, the reduce bucket and the activations.
 (pure bf16: 2-byte parameters, gradients, Adam states.) The frozen base of LoRA is offloaded with the rest.
 fused_adamw=True (torch.optim.AdamW(fused=True), the FSDP2 recipe's optimizer on GPUs) updates in place: the
-DDP and FSDP2 rows then have no sqrt(v) temporary.
+DDP and FSDP2 rows then have no sqrt(v) temporary. gradient_as_bucket_view=True (DDP's option of that name: the
+gradients are views into its buckets) drops the DDP row's 4P .grad temporary.
 `cpu_memory_gib` (per node, with `gpus_per_node`) decides whether the host can hold it; None: not checked,
 only stated.
 
@@ -361,7 +362,8 @@ def activation_bytes(config, seq_len: int, micro_batch: int, checkpointing: bool
 # --------------------------------------------------------------------------------------------------
 # Parameters, gradients, optimizer states per technique (table: module docstring)
 # --------------------------------------------------------------------------------------------------
-def state_bytes(technique: str, counts: Counts, gpus: int, precision: str, fused_adamw: bool = False) -> dict:
+def state_bytes(technique: str, counts: Counts, gpus: int, precision: str, fused_adamw: bool = False,
+                gradient_as_bucket_view: bool = False) -> dict:
     """Bytes per GPU: parameters, optimizer (states incl. fp32 master), gradients (at the end of backward),
     gradients_held (the part allocated before backward starts), temporaries (optimizer step only) and cpu
     (host memory per GPU, the offload techniques only)."""
@@ -384,9 +386,10 @@ def state_bytes(technique: str, counts: Counts, gpus: int, precision: str, fused
         if n == 1:  # one GPU needs no DDP: no buckets, gradients appear during backward
             terms = {"parameters": 2 * trainable + frozen, "gradients": grad, "gradients_held": 0,
                      "optimizer": optimizer, "temporaries": torch_adam_temp}
-        else:  # DDP's all-reduce buckets are allocated at wrap time; the .grad tensors beside them during backward
+        else:  # DDP's all-reduce buckets are allocated at wrap time; the .grad tensors beside them during backward,
+            # unless they are views into the buckets (DDP(gradient_as_bucket_view=True))
             terms = {"parameters": 2 * trainable + frozen, "gradients": grad, "gradients_held": grad,
-                     "optimizer": optimizer, "temporaries": grad + torch_adam_temp}
+                     "optimizer": optimizer, "temporaries": (0 if gradient_as_bucket_view else grad) + torch_adam_temp}
     elif technique in ("zero1", "zero2"):
         grad = 2 * trainable / (n if technique == "zero2" else 1) + bucket
         terms = {"parameters": 2 * trainable + frozen, "gradients": grad, "gradients_held": 0,
@@ -468,6 +471,7 @@ class Plan:
     linear_attention: str | None = None  # Gated DeltaNet implementation counted (hybrid models)
     offload_estimates: list[Estimate] = field(default_factory=list)  # OFFLOAD_TECHNIQUES
     fused_adamw: bool = False
+    gradient_as_bucket_view: bool = False
 
     def estimate(self, technique: str) -> Estimate:
         return next(e for e in self.estimates + self.offload_estimates if e.technique == technique)
@@ -515,7 +519,7 @@ def plan(model, gpus: int = 1, gpu_memory_gib: float = 80.0, precision: str = "b
          lora_rank: int | None = None, lora_targets=LORA_ALL_LINEAR, seq_len: int = 2048, micro_batch: int = 1,
          checkpointing: bool = False, attention: str | None = None, suggest: bool = True,
          quantization: str | None = None, cpu_memory_gib: float | None = None, gpus_per_node: int | None = None,
-         linear_attention: str = "torch", fused_adamw: bool = False) -> Plan:
+         linear_attention: str = "torch", fused_adamw: bool = False, gradient_as_bucket_view: bool = False) -> Plan:
     """Estimate per-GPU memory of each technique and pick one (see the module docstring for the model).
 
     model: a stand-in name, hub id, model folder, transformers config or built model, or the (name, model)
@@ -530,6 +534,8 @@ def plan(model, gpus: int = 1, gpu_memory_gib: float = 80.0, precision: str = "b
     fallback) or "fla" (flash-linear-attention + causal-conv1d).
     fused_adamw: torch.optim.AdamW(fused=True), as the FSDP2 recipe uses on GPUs: no sqrt(v) step temporary
     (DDP and FSDP2 rows; DeepSpeed keeps its own optimizer).
+    gradient_as_bucket_view: DDP(gradient_as_bucket_view=True): the gradients are views into DDP's all-reduce
+    buckets, not a second copy beside them (the DDP row on several GPUs).
     """
     if not isinstance(gpus, int) or gpus < 1:
         raise ValueError(f"gpus must be a whole number >= 1, not {gpus!r}")
@@ -561,7 +567,7 @@ def plan(model, gpus: int = 1, gpu_memory_gib: float = 80.0, precision: str = "b
 
     estimates = []
     for technique in TECHNIQUES + OFFLOAD_TECHNIQUES:
-        terms = state_bytes(technique, counts, gpus, precision, fused_adamw)
+        terms = state_bytes(technique, counts, gpus, precision, fused_adamw, gradient_as_bucket_view)
         fp32_residual = technique == "ddp" and precision == "bf16-mixed" and not lora_rank  # autocast on fp32 weights
         terms["activations"] = activation_bytes(config, seq_len, micro_batch, checkpointing, attention, fp32_residual,
                                                 linear_attention)
@@ -586,7 +592,8 @@ def plan(model, gpus: int = 1, gpu_memory_gib: float = 80.0, precision: str = "b
                   micro_batch, checkpointing, attention, estimates[:len(TECHNIQUES)], recommended, advice,
                   offload=offload, gpus_per_node=gpus_per_node, cpu_memory_gib=cpu_memory_gib,
                   linear_attention=linear_attention if hybrid else None,
-                  offload_estimates=estimates[len(TECHNIQUES):], fused_adamw=fused_adamw)
+                  offload_estimates=estimates[len(TECHNIQUES):], fused_adamw=fused_adamw,
+                  gradient_as_bucket_view=gradient_as_bucket_view)
     if suggest and recommended is None:
         result.suggestions = _suggestions((name, meta_model), result, lora_targets, quantization)
     return result
@@ -623,7 +630,7 @@ def _suggestions(model, failed: Plan, lora_targets, quantization) -> list[str]:
                   lora_rank=lora_rank, lora_targets=lora_targets, seq_len=failed.seq_len,
                   micro_batch=failed.micro_batch, checkpointing=failed.checkpointing, attention=failed.attention,
                   suggest=False, quantization=quantization, linear_attention=failed.linear_attention or "torch",
-                  fused_adamw=failed.fused_adamw)
+                  fused_adamw=failed.fused_adamw, gradient_as_bucket_view=failed.gradient_as_bucket_view)
     counts = [failed.gpus] + [g for g in (2, 4, 8, 16, 32, 64, 128, 256) if g > failed.gpus]
     alternatives = [("more GPUs", {})]
     if not failed.checkpointing:

@@ -24,6 +24,8 @@ does a rerun of the same `run_name`.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import random
 import signal
@@ -44,6 +46,7 @@ from ray.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 import nbhelpers
+from nbhelpers.planner.fits import WillNotFit, check_fits
 from nbhelpers.training import checkpoints
 
 HERE = Path(__file__).resolve().parent
@@ -70,7 +73,7 @@ class Settings:
     weight_decay: float
     max_grad_norm: float
     bf16: bool
-    gradient_checkpointing: bool
+    gradient_checkpointing: bool | None
     logging_steps: int
     timing_warmup_steps: int
     save_steps: int
@@ -161,6 +164,23 @@ def save_state(step: int, model, optimizer, history: list, keep: int, experiment
         checkpoints.rotate(experiment_dir, keep, "checkpoint_*")
 
 
+def use_gradient_checkpointing(config: dict, rank: int, world_size: int) -> bool:
+    """config's gradient_checkpointing; null: off where the memory planner says the run fits this GPU without it.
+    Rank 0 says the planner's verdict in one line (every worker comes to the same)."""
+    shape = dict(gpus=world_size, seq_len=config["max_length"], micro_batch=config["per_device_train_batch_size"],
+                 fused_adamw=True, gradient_as_bucket_view=True)  # as train_loop_per_worker trains
+    with contextlib.redirect_stderr(sys.stderr if rank == 0 else io.StringIO()):
+        if config["gradient_checkpointing"] is None:
+            try:
+                check_fits(config["model_name_or_path"], "ddp", checkpointing=False, **shape)
+                return False
+            except WillNotFit:
+                pass
+            config = {**config, "gradient_checkpointing": True}
+        check_fits(config["model_name_or_path"], "ddp", checkpointing=config["gradient_checkpointing"], **shape)
+        return config["gradient_checkpointing"]
+
+
 def train_loop_per_worker(config: dict) -> list[dict]:
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
@@ -175,6 +195,7 @@ def train_loop_per_worker(config: dict) -> list[dict]:
     loader = ray.train.torch.prepare_data_loader(  # Ray: adds a DistributedSampler, moves batches to the device
         torch.utils.data.DataLoader(blocks, batch_size=batch_size, shuffle=True, drop_last=True))
 
+    checkpointing = use_gradient_checkpointing(config, rank, world_size)
     model = AutoModelForCausalLM.from_pretrained(config["model_name_or_path"], dtype=torch.float32)  # fp32 master
     history, step = [], 0
     resumed_from, state = newest_ray_checkpoint(config["experiment_dir"])  # after a failure, or a rerun
@@ -182,10 +203,13 @@ def train_loop_per_worker(config: dict) -> list[dict]:
         model.load_state_dict(state["model"])
         step, history = state["step"], state["history"]
         print(f"rank {rank}: resuming from {resumed_from} (step {step})", flush=True)
-    if config["gradient_checkpointing"]:
+    if checkpointing:
         model.gradient_checkpointing_enable()
-    model = ray.train.torch.prepare_model(model)  # Ray: onto this worker's GPU, wrapped in DDP
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config["learning_rate"], weight_decay=config["weight_decay"])
+    # Ray: onto this worker's GPU, wrapped in DDP, whose gradients are views into its all-reduce buckets (no second
+    # copy: 12 GB at 3B parameters); fused AdamW steps in place (no sqrt(v) temporary: 12 GB more)
+    model = ray.train.torch.prepare_model(model, parallel_strategy_kwargs={"gradient_as_bucket_view": True})
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config["learning_rate"], weight_decay=config["weight_decay"],
+                                  fused=device.type == "cuda")
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])  # after the move: its state follows the parameters
 
