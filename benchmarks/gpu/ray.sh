@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Issue 10 evidence on the GPU machine (see ray.md): both Ray Train recipes on 1 worker and on every GPU when there are
 # more (images/s, tokens/s, peak memory), and @distributed(engine="ray") with NCCL across the GPUs.
-# RAY_RECIPES="resnet50 qwen" (default) picks the recipes; QWEN_GRADIENT_CHECKPOINTING="false true" also runs the
-# Qwen2.5 recipe with activation checkpointing (its runs named ..._ckpt), for the memory and speed side by side.
+# RAY_RECIPES="resnet50 qwen" (default) picks the recipes; QWEN_GRADIENT_CHECKPOINTING="null false true" runs the
+# Qwen2.5 recipe as it defaults (null: the planner decides, its verdict in the log), without activation checkpointing
+# (..._nockpt) and with it (..._ckpt), for the memory and speed side by side.
 # Needs `python3 -c "import ray"` to work (ray is carried as a site dir). Results: $RESULTS/ray/.
 # Each run has its own storage path: Ray Train resumes a run of the same name found there.
 # Sizes can be shrunk to test the logic on CPU, e.g.
@@ -19,7 +20,7 @@ IMAGE_SIZE=${IMAGE_SIZE:-224}
 RESNET_BATCH=${RESNET_BATCH:-64}
 LOADER_WORKERS=${LOADER_WORKERS:-8}
 RAY_RECIPES=${RAY_RECIPES:-resnet50 qwen}
-QWEN_GRADIENT_CHECKPOINTING=${QWEN_GRADIENT_CHECKPOINTING:-false}
+QWEN_GRADIENT_CHECKPOINTING=${QWEN_GRADIENT_CHECKPOINTING:-null}
 gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
 WORKER_COUNTS=${WORKER_COUNTS:-$( [ "$gpus" -gt 1 ] && echo "1 $gpus" || echo 1 )}  # a Ray Train worker per GPU
 export RAY_USAGE_STATS_ENABLED=0 RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
@@ -54,7 +55,7 @@ done
 for checkpointing in $QWEN_GRADIENT_CHECKPOINTING; do
   for n in $WORKER_COUNTS; do
     [[ " $RAY_RECIPES " == *" qwen "* ]] || break 2
-    name=qwen2_5_3b_${n}w; [ "$checkpointing" = true ] && name=${name}_ckpt
+    name=qwen2_5_3b_${n}w; [ "$checkpointing" = true ] && name=${name}_ckpt; [ "$checkpointing" = false ] && name=${name}_nockpt
     python3 recipes/ray_qwen2_5_3b/train.py --model_name_or_path "$work/qwen" --dataset_name data/alpaca --max_length "$SEQ" \
       --max_steps "$QWEN_STEPS" --logging_steps 6 --save_steps 0 --timing_warmup_steps 2 --save_final_model false --num_workers $n \
       --gradient_checkpointing "$checkpointing" --output_dir "$out/$name" --storage_path "$work/ray_results_$name" \
