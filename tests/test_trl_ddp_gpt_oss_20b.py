@@ -30,6 +30,13 @@ def test_the_trainer_ran_as_ddp_on_both_ranks(notebook_run):
         [(0, 2, "DistributedDataParallel"), (1, 2, "DistributedDataParallel")]
 
 
+def test_each_rank_trains_on_packed_rows(notebook_run):
+    """packing=True: TRL's padding-free rows (the masks that keep their conversations apart are
+    test_gpt_oss_compile_and_packing.py's)."""
+    _, _, workdir = notebook_run(SMOKE)
+    assert [r["padding_free"] for r in hook_records(workdir, "record_trainer")] == [True, True]
+
+
 def test_killed_run_resumes_to_the_uninterrupted_runs_losses(notebook_run, standin, tmp_path):
     uninterrupted, _, _ = notebook_run(SMOKE)
     resumed = run_killed_then_resumed(SMOKE, tmp_path, standin, merge_adapter=False)

@@ -32,6 +32,11 @@ def test_the_trainer_ran_fsdp2_and_each_rank_holds_about_half_of_the_parameters(
     assert all(0.45 < f < 0.55 for f in metrics["held_fraction"])  # and the notebook says the same
 
 
+def test_each_rank_trains_on_packed_rows(notebook_run):
+    _, _, workdir = notebook_run(SMOKE)
+    assert [r["padding_free"] for r in hook_records(workdir, "record_trainer")] == [True, True]
+
+
 def test_one_rank_takes_its_fsdp_settings_from_the_accelerate_config_file(notebook_run):
     _, _, workdir = notebook_run(ONE_RANK)
     [record] = hook_records(workdir, "record_trainer")

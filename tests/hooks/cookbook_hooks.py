@@ -187,7 +187,8 @@ def simulate_gpu_memory(value: str) -> None:
 
 def record_trainer(value: str) -> None:
     """After each Hugging Face Trainer.train() in a rank: what the Trainer ran as (its world size, the class of the
-    model it trained, FSDP or DeepSpeed and its ZeRO stage, the share of the parameters this rank holds)."""
+    model it trained, FSDP or DeepSpeed and its ZeRO stage, the share of the parameters this rank holds, whether TRL
+    fed it padding-free packed rows)."""
 
     def patch(module):
         train = module.Trainer.train
@@ -201,7 +202,8 @@ def record_trainer(value: str) -> None:
                    fsdp=bool(getattr(self, "is_fsdp_enabled", False)),
                    zero_stage=engine.zero_optimization_stage() if engine is not None else None,
                    held_fraction=held / max(1, sum(_full_numel(p) for p in parameters)),
-                   fsdp_config={k: (self.args.fsdp_config or {}).get(k) for k in ("version", "reshard_after_forward")})
+                   fsdp_config={k: (self.args.fsdp_config or {}).get(k) for k in ("version", "reshard_after_forward")},
+                   padding_free=getattr(self, "padding_free", None))  # an SFTTrainer's; None for other Trainers
             return output
 
         module.Trainer.train = train_and_record
