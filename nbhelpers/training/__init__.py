@@ -9,5 +9,6 @@
 - trainer_log.py      what a Hugging Face Trainer measured: logged values, tokens/s without the warm-up steps
 - adapters.py         a LoRA adapter's fingerprint (identical on every rank under DDP), the merged model's export
 - needs_gpu.py        what cannot run on CPUs (TRL's loss kernel) says so before anything loads
+- packing.py          GPT-OSS's attention masks for packed rows: each conversation attends only to itself
 - axolotl_plugins.py  Axolotl plugins: its checkpoints sealed, a resumed run on the same data order
 """
