@@ -26,6 +26,7 @@ def test_every_knob_is_measured_with_two_ranks(metrics):
         "baseline (FSDP2, bf16, eager)", "fp32 instead of bf16", "activation checkpointing", "2x batch size",
         "FSDP2 reshard_after_forward=False", "DDP instead of FSDP2", "DataLoader: 0 workers, pageable memory",
         "torch.compile"]
+    assert all(k["fits"] for k in metrics["knobs"]), metrics["knobs"]  # no row ran out of memory here
 
 
 def test_each_rows_throughput_counts_every_ranks_tokens_of_its_timed_steps(metrics):
