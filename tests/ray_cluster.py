@@ -120,10 +120,21 @@ def connect(cluster) -> None:
 
 
 def stop_loopback_cluster(cluster) -> None:
+    import psutil
     import ray
 
     ray.shutdown()
     cluster.shutdown()
+    # A node whose start failed is not in the cluster's list, so cluster.shutdown() leaves the processes it had started
+    # (seen on a loaded CI machine: Ray's fixed 30 s wait for the head's raylet ran out, and its gcs_server, raylet and
+    # workers then counted as processes left behind by every later test of that pytest worker). Each Ray process names
+    # the scratch folder in its command line.
+    left = [process for process in psutil.process_iter(["cmdline"])
+            if any(cluster.scratch + os.sep in arg for arg in process.info["cmdline"] or [])]
+    for process in left:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs(left, timeout=30)  # reaped, where they are this process's children
     shutil.rmtree(cluster.scratch, ignore_errors=True)
     cluster.one_at_a_time.close()  # the next cluster may start
 
