@@ -59,10 +59,10 @@ fast, failures = (json.load(open(path)) for path in sys.argv[1:])
 print(f"{fast['environment']['devices'][0]}, {fast['world_size']} rank(s), {fast['environment']['date']}: "
       f"{fast['tokens_per_s']:,.0f} tokens/s" + (f", MFU {fast['mfu']:.1%}" if fast["mfu"] else ""))
 for row in fast["knobs"]:
-    peak = f"{row['peak_memory_gib']:6.1f} GiB" if row["peak_memory_gib"] == row["peak_memory_gib"] else "-"  # NaN: CPU
     if not row["fits"]:
         print(f"  {row['change']:42s} does not fit in the GPU's memory (CUDA out of memory)")
         continue
+    peak = f"{row['peak_memory_gib']:6.1f} GiB" if row["peak_memory_gib"] == row["peak_memory_gib"] else "-"  # NaN: CPU
     print(f"  {row['change']:42s} {row['tokens_per_s']:10,.0f} tokens/s  x{row['vs_baseline']:.2f}  peak {peak}  "
           f"warm-up {row['warmup_s']:.1f} s")
 print(f"checkpoint {failures['checkpoint_bytes'] / 2**30:.1f} GiB: save {failures['checkpoint_save_s']:.1f} s, "
