@@ -1,10 +1,13 @@
-"""What several launcher test files share: the stall test of both engines, GPUs simulated for the local engine, the
+"""What several launcher test files share: the stall tests of both engines, GPUs simulated for the local engine, the
 check that a launch left no process running (in this process, or in a notebook kernel)."""
 import os
+import threading
 import time
 
 import psutil
 import pytest
+import torch
+import torch.distributed as dist
 
 import nbhelpers.launch.local_engine as local_engine
 from nbhelpers import DistributedError, distributed
@@ -28,6 +31,44 @@ def assert_a_stall_names_every_ranks_stack(stall_timeout: float, **options) -> N
         section = message.split(f"--- rank {rank} ---")[1].split("--- rank")[0]
         assert "wait_here_for_ever" in section, f"rank {rank}'s stack is missing:\n{message}"
 
+
+
+def assert_a_rank_stuck_in_a_collective_is_a_stall(stall_timeout: float, **options) -> None:
+    """Rank 0 waits in an all_reduce that rank 1 never joins while rank 1 keeps printing: rank 0 alone is stalled,
+    and the report shows it in all_reduce."""
+    @distributed(stall_timeout=stall_timeout, **options)
+    def waits_in_all_reduce_while_rank_1_talks(seconds):
+        def talk(until):
+            for i in range(int(seconds / 0.5)):
+                if until.is_set():
+                    return
+                print(f"still busy ({i})", flush=True)
+                time.sleep(0.5)
+
+        # Both ranks talk while they meet in init_process_group: on a loaded machine one may wait there for the
+        # other longer than the stall timeout, which would make the waiting rank, not rank 0, the stalled one.
+        met = threading.Event()
+        talker = threading.Thread(target=talk, args=(met if os.environ["RANK"] == "0" else threading.Event(),))
+        talker.start()
+        dist.init_process_group("gloo")
+        if dist.get_rank() == 0:
+            met.set()
+            talker.join()
+            dist.all_reduce(torch.ones(1))  # rank 1 never joins: this waits for ever
+        talker.join()
+
+    started = time.monotonic()
+    with pytest.raises(DistributedError) as caught:
+        waits_in_all_reduce_while_rank_1_talks.distributed(60)
+    took = time.monotonic() - started
+    message = str(caught.value)
+    assert took < 45, f"reported after {took:.0f} s, not long before the function's own end at 60 s:\n{message}"
+    assert caught.value.rank == 0
+    assert message.startswith("rank 0 of waits_in_all_reduce_while_rank_1_talks() made no progress (no output, "
+                              f"no change in its Python stack) for {stall_timeout} s while rank 1 went on"), message
+    rank_0, rank_1 = message.split("--- rank 0 ---")[1].split("--- rank 1 ---")
+    assert "all_reduce" in rank_0, message
+    assert "talk" in rank_1, message
 
 def simulate_gpus(monkeypatch, tmp_path, count, name="NVIDIA H200"):
     """This process sees `count` GPUs named `name` (the ranks still run on the CPU, with gloo), leased in

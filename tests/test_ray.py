@@ -21,7 +21,7 @@ import ray
 import torch
 import torch.distributed as dist
 from ray_cluster import connect, start_loopback_cluster, stop_loopback_cluster
-from launcher_checks import assert_a_stall_names_every_ranks_stack
+from launcher_checks import assert_a_rank_stuck_in_a_collective_is_a_stall, assert_a_stall_names_every_ranks_stack
 from timed_stream import TimedStream
 
 from nbhelpers import DistributedError, distributed
@@ -166,22 +166,8 @@ def test_a_rank_too_slow_to_answer_after_a_stall_is_shown_by_the_stack_it_sent_w
     assert_nothing_left()
 
 
-def _waits_in_all_reduce_while_rank_1_talks(seconds):
-    dist.init_process_group("gloo")
-    if dist.get_rank() == 0:
-        dist.all_reduce(torch.ones(1))  # rank 1 never joins: this waits for ever
-    for i in range(int(seconds / 0.5)):
-        print(f"still busy ({i})", flush=True)
-        time.sleep(0.5)
-
-
 def test_a_rank_stuck_in_a_collective_is_a_stall_while_another_rank_keeps_printing():
-    with pytest.raises(DistributedError) as caught:
-        distributed(stall_timeout=6, engine="ray")(_waits_in_all_reduce_while_rank_1_talks).distributed(90)
-    message = str(caught.value)
-    assert message.startswith("rank 0 of _waits_in_all_reduce_while_rank_1_talks() made no progress (no output, "
-                              "no change in its Python stack) for 6 s while rank 1 went on"), message
-    assert "all_reduce" in message.split("--- rank 0 ---")[1].split("--- rank 1 ---")[0], message
+    assert_a_rank_stuck_in_a_collective_is_a_stall(6, engine="ray")
     assert_nothing_left()
 
 
