@@ -70,6 +70,7 @@ def assert_a_rank_stuck_in_a_collective_is_a_stall(stall_timeout: float, **optio
     assert "all_reduce" in rank_0, message
     assert "talk" in rank_1, message
 
+
 def simulate_gpus(monkeypatch, tmp_path, count, name="NVIDIA H200"):
     """This process sees `count` GPUs named `name` (the ranks still run on the CPU, with gloo), leased in
     a folder of this test's own."""

@@ -25,6 +25,7 @@ import psutil
 import pytest
 import torch
 import torch.distributed as dist
+import yaml
 
 import nbhelpers
 import nbhelpers.launch.local_engine as local_engine
@@ -195,6 +196,56 @@ def test_ranks_are_not_forked_from_the_calling_process():
         assert parent != os.getpid()
         assert not inherited
         assert "forkserver" in " ".join(psutil.Process(parent).cmdline())
+
+
+# A fresh process, since a process has one fork server, started by its first launch. The rank reads its parent's
+# (the fork server's) memory map: PyYAML's C extension is there only if the server imported yaml.
+FORK_SERVER_SCRIPT = """
+import json, os, sys
+import yaml
+import nbhelpers.launch.local_engine as local_engine
+from nbhelpers import distributed
+
+if sys.argv[1] == "with GPUs":  # two simulated GPUs: the ranks still run on the CPU
+    local_engine._visible_gpu_count = lambda: 2
+    local_engine._gpu_names = lambda gpus: ["simulated GPU"] * len(gpus)
+
+
+def parse(text):
+    return yaml.safe_load(text)
+
+
+@distributed(gpus=2)
+def check():
+    return parse("a: 1") == {"a": 1}, "/yaml/" in open(f"/proc/{os.getppid()}/maps").read()
+
+
+print(json.dumps(check.distributed()))
+"""
+
+
+@pytest.mark.parametrize("gpus, imported_by_the_server", [("without GPUs", True), ("with GPUs", False)])
+def test_the_fork_server_imports_the_installed_modules_the_function_uses_only_without_gpus(
+        gpus, imported_by_the_server, tmp_path, monkeypatch):
+    monkeypatch.setenv("NBHELPERS_GPU_LEASE_DIR", str(tmp_path / "leases"))
+    proc = subprocess.run([sys.executable, "-c", FORK_SERVER_SCRIPT, gpus], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.splitlines()[-1]) == [[True, imported_by_the_server]] * 2, proc.stdout
+
+
+def _parse(text):
+    return yaml.safe_load(text), np.zeros(1)
+
+
+def _uses_a_helper():
+    return _parse(json.dumps({})), torch.ones(1), psutil.Process()
+
+
+def test_the_modules_to_import_once_are_those_of_installed_packages_in_import_order():
+    modules = local_engine.modules_to_import_once(_uses_a_helper)
+    assert modules == sorted(modules, key=list(sys.modules).index)  # unsloth, say, before transformers
+    assert {"numpy", "torch", "psutil", "yaml"} <= set(modules), modules  # also through the function it calls
+    assert "json" not in modules and __name__ not in modules  # the standard library; this file (it travels by value)
 
 
 def test_functions_and_classes_defined_in_the_caller_travel_by_value():

@@ -1,7 +1,7 @@
 """What runs inside each rank of the local engine (nbhelpers.launch.local_engine).
 
 The engine's fork server imports this module (and with it torch) once, never touching CUDA, so a rank
-forked from it starts warm and may still use CUDA. Only `loopback_rendezvous` also serves plain calls
+forked from it starts warm and may still use CUDA. Without GPUs it also imports the modules the launcher names. Only `loopback_rendezvous` also serves plain calls
 in the notebook's process.
 """
 from __future__ import annotations
@@ -45,6 +45,20 @@ if any(arg.startswith("from multiprocessing.forkserver import main") for arg in 
 import torch  # noqa: E402  imported here so that every fork of the server has it already
 
 from nbhelpers.launch.payload import run_call  # noqa: E402
+
+
+def _import_what_the_ranks_need() -> None:
+    """In the fork server: the modules the launcher named (local_engine.warm_up; none with GPUs). One that fails is
+    left to the rank that needs it, which meets the error itself."""
+    import importlib
+
+    for name in filter(None, os.environ.pop("NBHELPERS_FORK_SERVER_IMPORTS", "").split(",")):
+        with contextlib.suppress(Exception):
+            importlib.import_module(name)
+
+
+if any(arg.startswith("from multiprocessing.forkserver import main") for arg in sys.orig_argv):
+    _import_what_the_ranks_need()
 
 
 def _die_with_launcher(lifeline_fd: int) -> None:

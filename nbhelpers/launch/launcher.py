@@ -135,7 +135,7 @@ def distributed(fn=None, accelerator_type: str | None = None, remote: bool = Fal
         if engine == "local":
             from nbhelpers.launch import local_engine
 
-            local_engine.warm_up()
+            local_engine.warm_up(f)
         return DistributedFunction(f, gpus=gpus, gpu_type=gpu_type, output=output, stall_timeout=stall_timeout,
                                    engine=engine, max_restarts=max_restarts, timeout=timeout, settings=settings)
 

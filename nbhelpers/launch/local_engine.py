@@ -2,7 +2,9 @@
 
 How it works. Ranks are forked from a server process that imported torch but never touched CUDA
 (`multiprocessing`'s forkserver), never from the notebook's process, so a launch works after CUDA was
-used in the notebook and a repeated launch costs a fork, not a Python start. The call travels by value
+used in the notebook and a repeated launch costs a fork, not a Python start. Without GPUs the server also
+imports the installed modules the function refers to (trl, peft, ...: seconds each), once, instead of every
+rank importing them; with GPUs it does not, as a library may touch CUDA as it is imported. The call travels by value
 (nbhelpers.launch.payload.pickle_call). Each rank gets the torchrun environment (MASTER_ADDR=127.0.0.1,
 a free MASTER_PORT; everything listens on loopback only), its own process group, and pipes for its
 stdout and stderr, which this process prints into the running cell, prefixed `[rank N]`. On the first
@@ -30,8 +32,10 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
+import types
 
 from nbhelpers.launch.engine_core import (DEFAULT_CPU_PROCESSES, DistributedError, Printers, ProgressWatch,
                                           RankResults, accelerator_shape, cancelled, check_count, failure_error,
@@ -109,10 +113,53 @@ def check_node_shape(accelerator_type) -> None:
             f"fewer), or name this node's shape.")
 
 
-def warm_up() -> None:
-    """Start the fork server now: it imports torch in the background while the notebook goes on."""
+FORK_SERVER_IMPORTS = "NBHELPERS_FORK_SERVER_IMPORTS"  # the modules the fork server imports (read by _worker)
+_FORK_SERVER_START = threading.Lock()
+
+
+def warm_up(fn=None) -> None:
+    """Start the fork server now: it imports torch in the background while the notebook goes on (without GPUs,
+    also the installed modules `fn` refers to)."""
     _fork_server_context()
-    forkserver.ensure_running()
+    modules = modules_to_import_once(fn) if fn is not None and not _visible_gpu_count() else []
+    with _FORK_SERVER_START:  # the server's environment names them only while it starts
+        os.environ[FORK_SERVER_IMPORTS] = ",".join(modules)
+        try:
+            forkserver.ensure_running()
+        finally:
+            os.environ.pop(FORK_SERVER_IMPORTS, None)
+
+
+def modules_to_import_once(fn) -> list[str]:
+    """The installed modules (site-packages, nbhelpers) of what `fn` refers to, directly or through the functions of
+    its own module it calls: what every rank would import to unpickle and run it. In the order this process imported
+    them (Unsloth, say, must come before transformers)."""
+    installed = tuple(dict.fromkeys(sysconfig.get_paths()[key] for key in ("purelib", "platlib")))
+    found, seen, todo = set(), set(), [fn]
+    while todo:
+        f = todo.pop()
+        if id(f) in seen or not hasattr(f, "__code__"):
+            continue
+        seen.add(id(f))
+        codes = [f.__code__]
+        for code in codes:
+            codes.extend(c for c in code.co_consts if isinstance(c, types.CodeType))  # nested functions' names too
+            for name in code.co_names:
+                value = f.__globals__.get(name)
+                try:
+                    module = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", None)
+                except Exception:  # an object that cannot say: its rank imports what it needs
+                    continue
+                if module == f.__module__:
+                    todo.append(value)
+                elif isinstance(module, str):
+                    found.add(module)
+
+    def is_installed(module):
+        path = getattr(sys.modules.get(module), "__file__", None) or ""
+        return module.startswith("nbhelpers.") or path.startswith(installed)
+
+    return [module for module in list(sys.modules) if module in found and is_installed(module)]
 
 
 def world_size(gpus) -> int:
