@@ -248,6 +248,22 @@ def test_the_modules_to_import_once_are_those_of_installed_packages_in_import_or
     assert "json" not in modules and __name__ not in modules  # the standard library; this file (it travels by value)
 
 
+class _AnswersNoQuestion:
+    def __getattr__(self, name):
+        raise RuntimeError(f"no {name} here")
+
+
+_ANSWERS_NO_QUESTION = _AnswersNoQuestion()
+
+
+def test_a_function_referring_to_an_object_that_cannot_be_inspected_still_launches():
+    @distributed(gpus=2)
+    def refers_to_it():
+        return type(_ANSWERS_NO_QUESTION).__name__
+
+    assert refers_to_it.distributed() == ["_AnswersNoQuestion"] * 2
+
+
 def test_functions_and_classes_defined_in_the_caller_travel_by_value():
     class Accumulator:  # a local class: importable from nowhere, so it must be pickled by value
         def __init__(self, start):

@@ -121,7 +121,10 @@ def warm_up(fn=None) -> None:
     """Start the fork server now: it imports torch in the background while the notebook goes on (without GPUs,
     also the installed modules `fn` refers to)."""
     _fork_server_context()
-    modules = modules_to_import_once(fn) if fn is not None and not _visible_gpu_count() else []
+    modules = []
+    if fn is not None and not _visible_gpu_count():
+        with contextlib.suppress(Exception):  # only a speed-up: an object that cannot be inspected leaves it out
+            modules = modules_to_import_once(fn)
     with _FORK_SERVER_START:  # the server's environment names them only while it starts
         os.environ[FORK_SERVER_IMPORTS] = ",".join(modules)
         try:
