@@ -1,8 +1,8 @@
 """What runs inside each rank of the local engine (nbhelpers.launch.local_engine).
 
 The engine's fork server imports this module (and with it torch) once, never touching CUDA, so a rank
-forked from it starts warm and may still use CUDA. Without GPUs it also imports the modules the launcher names. Only `loopback_rendezvous` also serves plain calls
-in the notebook's process.
+forked from it starts warm and may still use CUDA; without GPUs it also imports the modules the launcher
+names. Only `loopback_rendezvous` also serves plain calls in the notebook's process.
 """
 from __future__ import annotations
 

@@ -4,8 +4,8 @@ How it works. Ranks are forked from a server process that imported torch but nev
 (`multiprocessing`'s forkserver), never from the notebook's process, so a launch works after CUDA was
 used in the notebook and a repeated launch costs a fork, not a Python start. Without GPUs the server also
 imports the installed modules the function refers to (trl, peft, ...: seconds each), once, instead of every
-rank importing them; with GPUs it does not, as a library may touch CUDA as it is imported. The call travels by value
-(nbhelpers.launch.payload.pickle_call). Each rank gets the torchrun environment (MASTER_ADDR=127.0.0.1,
+rank importing them; with GPUs it does not, as a library may touch CUDA as it is imported. The call travels
+by value (nbhelpers.launch.payload.pickle_call). Each rank gets the torchrun environment (MASTER_ADDR=127.0.0.1,
 a free MASTER_PORT; everything listens on loopback only), its own process group, and pipes for its
 stdout and stderr, which this process prints into the running cell, prefixed `[rank N]`. On the first
 failure every rank is stopped (SIGTERM, then SIGKILL, whole process groups; a second interrupt does not
