@@ -32,10 +32,11 @@ def assert_a_stall_names_every_ranks_stack(stall_timeout: float, **options) -> N
         assert "wait_here_for_ever" in section, f"rank {rank}'s stack is missing:\n{message}"
 
 
-
-def assert_a_rank_stuck_in_a_collective_is_a_stall(stall_timeout: float, **options) -> None:
+def assert_a_rank_stuck_in_a_collective_is_a_stall(stall_timeout: float, reported_within: float = 45,
+                                                   **options) -> None:
     """Rank 0 waits in an all_reduce that rank 1 never joins while rank 1 keeps printing: rank 0 alone is stalled,
-    and the report shows it in all_reduce."""
+    and the report, within `reported_within` s of the launch (the function itself ends after 60 s), shows it in
+    all_reduce."""
     @distributed(stall_timeout=stall_timeout, **options)
     def waits_in_all_reduce_while_rank_1_talks(seconds):
         def talk(until):
@@ -62,7 +63,7 @@ def assert_a_rank_stuck_in_a_collective_is_a_stall(stall_timeout: float, **optio
         waits_in_all_reduce_while_rank_1_talks.distributed(60)
     took = time.monotonic() - started
     message = str(caught.value)
-    assert took < 45, f"reported after {took:.0f} s, not long before the function's own end at 60 s:\n{message}"
+    assert took < reported_within, f"reported after {took:.1f} s:\n{message}"
     assert caught.value.rank == 0
     assert message.startswith("rank 0 of waits_in_all_reduce_while_rank_1_talks() made no progress (no output, "
                               f"no change in its Python stack) for {stall_timeout} s while rank 1 went on"), message

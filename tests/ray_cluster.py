@@ -126,7 +126,7 @@ def stop_loopback_cluster(cluster) -> None:
     ray.shutdown()
     cluster.shutdown()
     # A node whose start failed is not in the cluster's list, so cluster.shutdown() leaves the processes it had started
-    # (seen on a loaded CI machine: Ray's fixed 30 s wait for the head's raylet ran out, and its gcs_server, raylet and
+    # (seen on a loaded CI machine: Ray's wait for the head's raylet to register ran out, and its gcs_server, raylet and
     # workers then counted as processes left behind by every later test of that pytest worker). Each Ray process names
     # the scratch folder in its command line.
     left = [process for process in psutil.process_iter(["cmdline"])

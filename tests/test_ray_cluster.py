@@ -9,8 +9,8 @@ from ray_cluster import start_loopback_cluster
 
 
 def test_a_cluster_whose_node_fails_to_start_leaves_no_process_behind(monkeypatch):
-    """As on a loaded CI machine: the head node's processes start, then Ray's fixed 30 s wait for its raylet runs out
-    and add_node raises before the cluster knows the node."""
+    """As on a loaded CI machine: the head node's processes start, then Ray's wait for its raylet to register runs
+    out and add_node raises before the cluster knows the node."""
     started = []
 
     def add_node(self, **settings):
