@@ -76,6 +76,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
     from trl import SFTTrainer
 
+    from nbhelpers.training.packing import mask_packed_sequences
     from nbhelpers.training.trainer_log import StepTimer, logged
 
     nb = notebook_functions(NOTEBOOKS[cli.model])
@@ -99,6 +100,8 @@ def main() -> None:
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if on_gpu else torch.float32,
                                                  attn_implementation="flex_attention" if on_gpu else "eager")
     model.config.use_cache = False
+    if cli.packing:  # as the notebook: each packed conversation attends only to itself
+        mask_packed_sequences(model)
     if cli.torch_compile:  # as the notebook: one graph per decoder layer, hooks outside it
         if cli.model == "gpt-oss-120b":  # PEFT's parametrised experts: a class, and so a graph, per layer
             torch._dynamo.config.recompile_limit = 2 * len(model.model.layers) + 8

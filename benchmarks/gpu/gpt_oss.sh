@@ -3,7 +3,7 @@
 # Stages (GPT_OSS_STAGES, in this order; the first three are runs of benchmarks/gpt_oss_speed.py, which trains with
 # the notebook's own settings):
 #   speed   GPT-OSS-20B, full size, 24 layers, packed rows of 2,048 tokens, 4 a micro-step: each decoder layer
-#           compiled (its last step profiled, after the timed ones), then eager (same seed and data: the losses compare).
+#           compiled (its last step profiled, after the timed ones), then (with stage `eager`) eager: same seed and data, the losses compare.
 #   padded  the same without packing (the notebook before it): real tokens/s of padded batches, eager and compiled.
 #   fsdp    GPT-OSS-120B at full width with GPT_OSS_120B_LAYERS layers (default 8), FSDP2 through the Trainer under
 #           torchrun on one GPU, per-GPU batch 2 x 2,048: compiled, then eager. The compiled run fails in the backward
@@ -11,8 +11,8 @@
 #   nb20b   the DDP notebook through papermill on a stand-in written here (all 24 layers, MXFP4 experts), num_gpus 1,
 #           torch_compile True then False, 8 steps, no merge.
 #   nb120b  the FSDP notebook (eager: it does not compile) the same way, GPT_OSS_120B_NOTEBOOK_LAYERS layers (default 12).
-# --packing measures speed only: with Transformers 5.17 packed GPT-OSS conversations attend to each other
-# (tests/test_gpt_oss_compile_and_packing.py), so the notebooks do not pack.
+# --packing packs as the notebooks do: padding-free rows whose conversations attend only to themselves
+# (nbhelpers.training.packing.mask_packed_sequences; before 2026-12-06 they attended to each other).
 # Results: $RESULTS/gpt_oss/<run>.json, <run>.log, profile_*.txt, summary.txt.
 # Carry .devsite (pack-site.sh notebook trl, pack-extra.sh); run: bash benchmarks/gpu/run.sh gpt_oss:560
 # CPU dry run of the script's logic: GPT_OSS_SIZE=tiny RESULTS=/tmp/r bash benchmarks/gpu/gpt_oss.sh
