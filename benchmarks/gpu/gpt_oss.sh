@@ -15,6 +15,8 @@
 # (nbhelpers.training.packing.mask_packed_sequences; before 2026-12-06 they attended to each other).
 # Results: $RESULTS/gpt_oss/<run>.json, <run>.log, profile_*.txt, summary.txt.
 # Carry .devsite (pack-site.sh notebook trl, pack-extra.sh); run: bash benchmarks/gpu/run.sh gpt_oss:560
+# On a fresh machine the first compiled step alone takes over 2.5 minutes (Inductor's cache is empty; 2026-12-06, H100):
+# "speed nb20b" then needs two calls; GPT_OSS_STAGES=nb20b alone fits one.
 # CPU dry run of the script's logic: GPT_OSS_SIZE=tiny RESULTS=/tmp/r bash benchmarks/gpu/gpt_oss.sh
 set -uo pipefail
 out=$RESULTS/gpt_oss; mkdir -p "$out"
@@ -33,7 +35,7 @@ run() {  # run NAME LIMIT ARGS...: one benchmark process, its log and its JSON u
 }
 bench=(python3 benchmarks/gpt_oss_speed.py --size "$size" --max_steps "$steps")
 if [[ $stages == *" speed "* ]]; then
-  run 20b_compiled_packed 170 "${bench[@]}" "$out/20b_compiled_packed.json" --packing --torch_compile \
+  run 20b_compiled_packed 240 "${bench[@]}" "$out/20b_compiled_packed.json" --packing --torch_compile \
     --profile "$out/profile_20b_compiled_packed"
   [[ $stages == *" eager "* ]] && run 20b_eager_packed 150 "${bench[@]}" "$out/20b_eager_packed.json" --packing
 fi
@@ -50,7 +52,7 @@ fi
 pm() {  # pm NOTEBOOK RUN -p ...: executed into $out/RUN.ipynb, output_dir $out/RUN
   local notebook=$1 name=$2; shift 2
   local started=$(date +%s)
-  timeout 240 python3 -m papermill --execution-timeout 600 --no-progress-bar "$notebook" "$out/$name.ipynb" \
+  timeout 330 python3 -m papermill --execution-timeout 600 --no-progress-bar "$notebook" "$out/$name.ipynb" \
     -p output_dir "$out/$name" -p num_gpus 1 -p dataset_name "$PWD/data/multilingual_thinking" -p max_steps 8 \
     -p merge_adapter False "$@" > "$out/$name.log" 2>&1
   printf '%s\trc=%s\t%d s\n' "$name" "$?" $(( $(date +%s) - started )) | tee -a "$out/stages.tsv"
