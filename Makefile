@@ -17,12 +17,19 @@ QUICKSTART_EXTRAS ?= dev
 AXOLOTL_VENV ?= .venv-axolotl
 AXOLOTL_TORCH ?= torch==2.13.0
 RUNS ?= runs
-# --no-compile: pip would byte-compile every module of every package it installs (about 75,000 files in the two
-# environments: 140 of the 250 CPU seconds of the installs here, most of them modules nothing imports). Python
-# compiles a module the first time it is imported and keeps the bytecode beside it, unless PYTHONDONTWRITEBYTECODE is
-# set: the notebooks and tests started from here unset it (WRITE_BYTECODE), or each process would compile again.
+# --no-compile: pip byte-compiles every module it installs one file after another (about 75,000 files in the two
+# environments: 140 of the 250 CPU seconds of the installs here). COMPILE_ALL does it afterwards on every core, for
+# the packages something here imports (not the Oracle cloud SDK that Axolotl brings, 18,000 files, nor the 2,400 of
+# transformers' model zoo: a model's module compiles when it is first imported): about 25 s a venv on 2 cores.
+# Without it each module is compiled the first time it is imported, by every process that imports it before its
+# bytecode is on disk: a fresh clone's tests ran about 180 s longer than the same tests with the bytecode there
+# (2026-12-06, 2 cores). A file that does not compile (a template, old syntax) is one nothing imports: -qq leaves it.
+# PYTHONDONTWRITEBYTECODE would stop the bytecode being kept: what is started from here unsets it (WRITE_BYTECODE).
 PIP_INSTALL = -m pip install -q --no-compile
 WRITE_BYTECODE = env -u PYTHONDONTWRITEBYTECODE
+COMPILE_ALL = $(WRITE_BYTECODE) $(1)/bin/python -m compileall -qq -j 0 \
+	-x '/(tests?|oci|diffusers|studio|plotly|lm_eval|pip)/|/transformers/models/' \
+	$$($(1)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') || true
 PAPERMILL = $(WRITE_BYTECODE) $(VENV)/bin/papermill --execution-timeout 900 --no-progress-bar
 
 # A venv with the CUDA build of torch takes about 7.2 GB, the Axolotl one 4.6 GB; pip also unpacks wheels.
@@ -53,6 +60,7 @@ $(VENV)/.installed-%: pyproject.toml constraints.txt Makefile
 	$(VENV)/bin/python $(PIP_INSTALL) $(call torch_for,$*)
 	echo "$(call torch_for,$*)" | tr ' ' '\n' > $(VENV)/torch-pin.txt
 	$(VENV)/bin/python $(PIP_INSTALL) -c $(VENV)/torch-pin.txt -c constraints.txt -e ".[$*]"
+	$(call COMPILE_ALL,$(VENV))
 	touch $@
 
 # The notebook kernel `cookbook-axolotl` runs in .venv-axolotl; its spec goes into .venv, where papermill
@@ -66,6 +74,7 @@ $(AXOLOTL_VENV)/.installed: environments/axolotl/requirements.txt pyproject.toml
 	$(AXOLOTL_VENV)/bin/python $(PIP_INSTALL) $(AXOLOTL_TORCH)
 	echo "$(AXOLOTL_TORCH)" | tr ' ' '\n' > $(AXOLOTL_VENV)/torch-pin.txt
 	$(AXOLOTL_VENV)/bin/python $(PIP_INSTALL) -c $(AXOLOTL_VENV)/torch-pin.txt -r environments/axolotl/requirements.txt -e .
+	$(call COMPILE_ALL,$(AXOLOTL_VENV))
 	$(AXOLOTL_VENV)/bin/python -m ipykernel install --prefix $(abspath $(VENV)) --name cookbook-axolotl --display-name "Python (cookbook-axolotl)"
 	touch $@
 
