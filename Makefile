@@ -28,7 +28,7 @@ RUNS ?= runs
 # PYTHONDONTWRITEBYTECODE would stop the bytecode being kept: what is started from here unsets it (WRITE_BYTECODE).
 PIP_INSTALL = -m pip install -q --no-compile
 WRITE_BYTECODE = env -u PYTHONDONTWRITEBYTECODE
-COMPILE_ALL = $(WRITE_BYTECODE) $(1)/bin/python -m compileall -qq -j 0 \
+COMPILE_ALL = $(1)/bin/python -m compileall -qq -j 0 \
 	-x '/(tests?|oci|diffusers|studio|plotly|lm_eval|pip)/|/transformers/models/' \
 	$$($(1)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') || true
 PAPERMILL = $(WRITE_BYTECODE) $(VENV)/bin/papermill --execution-timeout 900 --no-progress-bar
