@@ -1171,6 +1171,22 @@ def test_a_launch_returns_its_ranks_system_metrics():
     assert metrics["gpu_utilization_percent_mean"] is None and metrics["gpu_memory_peak_bytes"] is None  # no GPU
 
 
+def test_a_rank_that_has_exited_but_is_not_reaped_yet_gives_no_0_mb_sample():
+    """Seen in CI (2026-12-06): a rank's last MLflow sample read 0 MB, taken between its exit and its reaping."""
+    rank = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.monotonic() + 60
+        while psutil.Process(rank.pid).status() != psutil.STATUS_ZOMBIE:  # exited, not reaped (no wait() yet)
+            assert time.monotonic() < deadline, "the process did not exit"
+            time.sleep(0.05)
+        sampler = local_engine.RankSampler([rank.pid], gpus=[None])
+        sampler.start()
+        metrics = sampler.stop()
+        assert metrics["samples_per_rank"] == [0] and metrics["host_memory_peak_bytes"] == [None], metrics
+    finally:
+        rank.wait()
+
+
 @pytest.fixture(scope="module")
 def mlflow_store(tmp_path_factory):
     """An MLflow store for this module's tests, its tables made once (that takes seconds)."""

@@ -83,6 +83,8 @@ class RankSampler:
                 read = []  # the processes still there to read: a rank that ends mid-sample is not a 0 MB sample
                 for p in tree:
                     with contextlib.suppress(psutil.Error):
+                        if p.status() == psutil.STATUS_ZOMBIE:  # exited, not reaped yet: psutil reads 0 bytes
+                            continue
                         read.append((self._process(p.pid).cpu_percent(), p.memory_info().rss))
                 if read:
                     cpu, host = sum(c for c, _ in read), sum(m for _, m in read)
