@@ -1,6 +1,14 @@
 """notebooks/02_fast_steps.ipynb on 2 CPU processes and on one (its cases in notebook_cases.py): every knob row is
 measured, and each throughput counts all ranks' tokens of the timed steps over rank 0's seconds of them."""
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
 import pytest
+import standins
+import torch
+import torch.distributed as dist
+from transformers import AutoModelForCausalLM
 
 from harness import assert_case_passes, case_ids
 from notebook_cases import CASES
@@ -39,3 +47,32 @@ def test_each_rows_throughput_counts_every_ranks_tokens_of_its_timed_steps(metri
 
 def test_the_profiled_throughput_counts_the_timed_steps(metrics):
     assert metrics["tokens_per_s"] * metrics["timed_s"][0] == pytest.approx(2 * 2 * 2 * 64, rel=1e-6), metrics
+
+
+def notebook_cells(*wanted: str) -> dict:
+    """The namespace of the notebook's imports cell and of its cells that define `wanted` (run here, not by papermill)."""
+    cells = ["".join(c["source"]) for c in json.loads(Path(NOTEBOOK).read_text())["cells"] if c["cell_type"] == "code"]
+    namespace = {}
+    for cell in [cells[1], *(c for c in cells if any(f"def {name}(" in c for name in wanted))]:
+        exec(compile(cell, NOTEBOOK, "exec"), namespace)
+    return namespace
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_the_checkpointing_row_recomputes_each_layer_in_the_backward(checkpointing, tmp_path):
+    """The row must change what it names: its model, loaded as the notebook loads it (from_pretrained gives eval
+    mode, where Transformers skips checkpointing), runs each layer's attention again in the backward."""
+    prepare = notebook_cells("prepare")["prepare"]
+    model = AutoModelForCausalLM.from_pretrained(standins.make("llama-3.2-1b", "tiny", out=tmp_path / "model"))
+    cfg = SimpleNamespace(gradient_checkpointing=checkpointing, torch_compile=False, fsdp=True, bf16=False,
+                          reshard_after_forward=True)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        model = prepare(model, cfg, torch.device("cpu"))
+        calls = []
+        model.model.layers[0].self_attn.register_forward_pre_hook(lambda *_: calls.append(1))
+        ids = torch.randint(model.config.vocab_size, (2, 16))
+        model(input_ids=ids, labels=ids).loss.backward()
+    finally:
+        dist.destroy_process_group()
+    assert len(calls) == (2 if checkpointing else 1), f"attention ran {len(calls)} time(s) in one step"

@@ -47,27 +47,34 @@ notebook() {  # notebook NAME PAPERMILL_ARGS...: notebooks/NAME.ipynb into $OUT,
     "${shared[@]}" "$@" > "$OUT/$name.log" 2>&1 || { tail -n 80 "$OUT/$name.log"; exit 1; }
   cp "$WORK/$name/metrics.json" "$OUT/${name}_metrics.json"
 }
-notebook 02_fast_steps "${fast[@]}"
-cp "$WORK/02_fast_steps/knobs.png" "$WORK/02_fast_steps/profile/rank0.txt" "$OUT/"
-gzip -c "$WORK/02_fast_steps/profile/rank0.pt.trace.json" > "$OUT/rank0.pt.trace.json.gz"
-notebook 03_surviving_failures -p max_steps 10 -p save_steps 4 "${failures[@]}"
+guides=" ${PERFGUIDE_NOTEBOOKS:-02_fast_steps 03_surviving_failures} "  # one of them: e.g. PERFGUIDE_NOTEBOOKS=02_fast_steps
+if [[ $guides == *" 02_fast_steps "* ]]; then
+  notebook 02_fast_steps "${fast[@]}"
+  cp "$WORK/02_fast_steps/knobs.png" "$WORK/02_fast_steps/profile/rank0.txt" "$OUT/"
+  gzip -c "$WORK/02_fast_steps/profile/rank0.pt.trace.json" > "$OUT/rank0.pt.trace.json.gz"
+fi
+[[ $guides == *" 03_surviving_failures "* ]] && notebook 03_surviving_failures -p max_steps 10 -p save_steps 4 "${failures[@]}"
 
 stamp "summary"
 "$PYTHON" - "$OUT/02_fast_steps_metrics.json" "$OUT/03_surviving_failures_metrics.json" <<'PY' | tee "$OUT/summary.txt"
 import json, sys
-fast, failures = (json.load(open(path)) for path in sys.argv[1:])
-print(f"{fast['environment']['devices'][0]}, {fast['world_size']} rank(s), {fast['environment']['date']}: "
-      f"{fast['tokens_per_s']:,.0f} tokens/s" + (f", MFU {fast['mfu']:.1%}" if fast["mfu"] else ""))
-for row in fast["knobs"]:
-    if not row["fits"]:
-        print(f"  {row['change']:42s} does not fit in the GPU's memory (CUDA out of memory)")
-        continue
-    peak = f"{row['peak_memory_gib']:6.1f} GiB" if row["peak_memory_gib"] == row["peak_memory_gib"] else "-"  # NaN: CPU
-    print(f"  {row['change']:42s} {row['tokens_per_s']:10,.0f} tokens/s  x{row['vs_baseline']:.2f}  peak {peak}  "
-          f"warm-up {row['warmup_s']:.1f} s")
-print(f"checkpoint {failures['checkpoint_bytes'] / 2**30:.1f} GiB: save {failures['checkpoint_save_s']:.1f} s, "
-      f"load {failures['checkpoint_load_s']:.1f} s")
-print(f"resumed run vs uninterrupted: largest loss difference "
-      f"{max(abs(a - b) for a, b in zip(failures['losses'], failures['resumed_losses'])):.2e}")
+from pathlib import Path
+fast, failures = (json.loads(Path(path).read_text()) if Path(path).is_file() else None for path in sys.argv[1:])
+if fast:
+    print(f"{fast['environment']['devices'][0]}, {fast['world_size']} rank(s), {fast['environment']['date']}: "
+          f"{fast['tokens_per_s']:,.0f} tokens/s" + (f", MFU {fast['mfu']:.1%}" if fast["mfu"] else ""))
+    for row in fast["knobs"]:
+        if not row["fits"]:
+            print(f"  {row['change']:42s} does not fit in the GPU's memory (CUDA out of memory)")
+            continue
+        gib = row["peak_memory_gib"]
+        peak = f"{gib:6.1f} GiB" if gib is not None and gib == gib else "-"  # None or NaN: a CPU
+        print(f"  {row['change']:42s} {row['tokens_per_s']:10,.0f} tokens/s  x{row['vs_baseline']:.2f}  peak {peak}  "
+              f"warm-up {row['warmup_s']:.1f} s")
+if failures:
+    print(f"checkpoint {failures['checkpoint_bytes'] / 2**30:.1f} GiB: save {failures['checkpoint_save_s']:.1f} s, "
+          f"load {failures['checkpoint_load_s']:.1f} s")
+    print(f"resumed run vs uninterrupted: largest loss difference "
+          f"{max(abs(a - b) for a, b in zip(failures['losses'], failures['resumed_losses'])):.2e}")
 PY
 stamp "done; results in $OUT"
