@@ -2,11 +2,13 @@
 GPU call (benchmarks/gpu/gpt_oss.sh). Issue 38.
 
 The model is a random-weight stand-in of the published shape (tests/standins.py), built on the GPU from its config;
-the training settings are the notebook's own: its `lora_config`, `sft_config` (and for the 120B `fsdp_settings`)
-cells are executed from the .ipynb, so what is measured is what the notebook trains. Data: data/multilingual_thinking.
+the training settings are the notebook's own: its `lora_config`, `sft_config` (and for the 120B `fsdp_settings` and
+`compile_layers`) cells are executed from the .ipynb, so what is measured is what the notebook trains. Data:
+data/multilingual_thinking. `--attention_only_lora` (120B) is the notebook's `lora_on_experts=False`: what the experts'
+adapters cost, side by side.
 
     python benchmarks/gpt_oss_speed.py OUT.json [--model gpt-oss-20b] [--layers N] [--torch_compile]
-        [--packing] [--max_steps 10] [--profile PREFIX]
+        [--packing] [--attention_only_lora] [--max_steps 10] [--profile PREFIX]
     torchrun --nproc-per-node 1 benchmarks/gpt_oss_speed.py OUT.json --model gpt-oss-120b --layers 8 ...  (FSDP)
 
 Writes OUT.json: tokens/s of real (non-padding) tokens after 2 warm-up steps (and before the profiled ones), MFU (6 x active parameters per
@@ -39,7 +41,7 @@ def notebook_functions(path: Path) -> dict:
     exec("".join(cells[1]["source"]), namespace)  # the imports cell (after `parameters`)
     for cell in cells[2:]:
         source = "".join(cell["source"])
-        if any(f"def {name}(" in source for name in ("lora_config", "sft_config", "fsdp_settings")):
+        if any(f"def {name}(" in source for name in ("lora_config", "sft_config", "fsdp_settings", "compile_layers")):
             exec(source, namespace)
     return namespace
 
@@ -65,8 +67,10 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=None)
     parser.add_argument("--torch_compile", action="store_true", help="compile each decoder layer, as the notebook does")
     parser.add_argument("--packing", action="store_true")
+    parser.add_argument("--attention_only_lora", action="store_true", help="120B: lora_on_experts=False")
     parser.add_argument("--max_steps", type=int, default=10)
     parser.add_argument("--per_device_train_batch_size", type=int, default=None)
+    parser.add_argument("--gradient_accumulation_steps", type=int, default=None, help="default: the notebook's")
     parser.add_argument("--profile", default=None, help="profile the last step into PREFIX.txt")
     parser.add_argument("--size", default="full", choices=["full", "tiny"], help="tiny: check the script on a CPU")
     cli = parser.parse_args()
@@ -84,9 +88,12 @@ def main() -> None:
     args = SimpleNamespace(
         output_dir=str(Path(cli.out).with_suffix("")), learning_rate=2e-4, max_steps=cli.max_steps,
         per_device_train_batch_size=cli.per_device_train_batch_size or defaults[cli.model], max_length=2048,
-        lora_r={"gpt-oss-20b": 8, "gpt-oss-120b": 32}[cli.model], fsdp_config="",
+        lora_r={"gpt-oss-20b": 8, "gpt-oss-120b": 32}[cli.model], lora_on_experts=not cli.attention_only_lora,
+        fsdp_config="",
         sft_settings={"packing": cli.packing, "save_steps": 10_000, "report_to": [], "dataloader_num_workers": 0},
     )
+    if cli.gradient_accumulation_steps:
+        args.sft_settings["gradient_accumulation_steps"] = cli.gradient_accumulation_steps
     if cli.model == "gpt-oss-120b":  # built on the GPU here, not loaded by rank 0: nothing to broadcast
         args.sft_settings["fsdp_config"] = {**nb["fsdp_settings"](args), "cpu_ram_efficient_loading": False}
     sft = nb["sft_config"](args)
@@ -102,9 +109,10 @@ def main() -> None:
     model.config.use_cache = False
     if cli.packing:  # as the notebook: each packed conversation attends only to itself
         mask_packed_sequences(model)
-    if cli.torch_compile:  # as the notebook: one graph per decoder layer, hooks outside it
-        if cli.model == "gpt-oss-120b":  # PEFT's parametrised experts: a class, and so a graph, per layer
-            torch._dynamo.config.recompile_limit = 2 * len(model.model.layers) + 8
+    experts_lora = cli.model == "gpt-oss-120b" and args.lora_on_experts
+    if cli.torch_compile and cli.model == "gpt-oss-120b":  # the notebook's: the experts' PEFT wrappers stay eager
+        nb["compile_layers"](model, args)
+    elif cli.torch_compile:  # as the 20B notebook: one graph per decoder layer, hooks outside it
         for layer in model.model.layers:
             layer.forward = torch.compile(layer.forward)
     dataset = load_dataset("json", data_files=str(ROOT / "data/multilingual_thinking/train.jsonl"), split="train")
@@ -135,6 +143,7 @@ def main() -> None:
                                else trainer.model)
     result = {
         "model": cli.model, "layers": config.num_hidden_layers, "torch_compile": cli.torch_compile,
+        "lora_on_experts": experts_lora,
         "packing": cli.packing, "per_device_train_batch_size": args.per_device_train_batch_size,
         "gradient_accumulation_steps": sft.gradient_accumulation_steps, "max_length": sft.max_length,
         "tokens_per_s": tokens_per_s, "active_parameters": active,

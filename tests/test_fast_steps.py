@@ -1,7 +1,5 @@
 """notebooks/02_fast_steps.ipynb on 2 CPU processes and on one (its cases in notebook_cases.py): every knob row is
 measured, and each throughput counts all ranks' tokens of the timed steps over rank 0's seconds of them."""
-import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -10,7 +8,7 @@ import torch
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
-from harness import assert_case_passes, case_ids
+from harness import assert_case_passes, case_ids, notebook_cells
 from notebook_cases import CASES
 
 NOTEBOOK = "notebooks/02_fast_steps.ipynb"
@@ -49,20 +47,11 @@ def test_the_profiled_throughput_counts_the_timed_steps(metrics):
     assert metrics["tokens_per_s"] * metrics["timed_s"][0] == pytest.approx(2 * 2 * 2 * 64, rel=1e-6), metrics
 
 
-def notebook_cells(*wanted: str) -> dict:
-    """The namespace of the notebook's imports cell and of its cells that define `wanted` (run here, not by papermill)."""
-    cells = ["".join(c["source"]) for c in json.loads(Path(NOTEBOOK).read_text())["cells"] if c["cell_type"] == "code"]
-    namespace = {}
-    for cell in [cells[1], *(c for c in cells if any(f"def {name}(" in c for name in wanted))]:
-        exec(compile(cell, NOTEBOOK, "exec"), namespace)
-    return namespace
-
-
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_the_checkpointing_row_recomputes_each_layer_in_the_backward(checkpointing, tmp_path):
     """The row must change what it names: its model, loaded as the notebook loads it (from_pretrained gives eval
     mode, where Transformers skips checkpointing), runs each layer's attention again in the backward."""
-    prepare = notebook_cells("prepare")["prepare"]
+    prepare = notebook_cells(NOTEBOOK, "prepare")["prepare"]
     model = AutoModelForCausalLM.from_pretrained(standins.make("llama-3.2-1b", "tiny", out=tmp_path / "model"))
     cfg = SimpleNamespace(gradient_checkpointing=checkpointing, torch_compile=False, fsdp=True, bf16=False,
                           reshard_after_forward=True)

@@ -6,11 +6,14 @@
 #           compiled (its last step profiled, after the timed ones), then (with stage `eager`) eager: same seed and data, the losses compare.
 #   padded  the same without packing (the notebook before it): real tokens/s of padded batches, eager and compiled.
 #   fsdp    GPT-OSS-120B at full width with GPT_OSS_120B_LAYERS layers (default 8), FSDP2 through the Trainer under
-#           torchrun on one GPU, per-GPU batch 2 x 2,048: compiled, then eager. The compiled run fails in the backward
-#           (CheckpointError: LoRA on the experts breaks each layer's graph; 2026-12-05): kept to try a fix with.
+#           torchrun on one GPU, per-GPU batch 2 x 2,048: compiled as the notebook compiles (attention, norms, router;
+#           the experts' PEFT wrappers eager), then eager; the last step of each profiled.
+#   fsdp_batch8   the same rows a step (16 of 2,048 tokens) in micro-batches of 8, gradient accumulation 2: compiled, eager.
+#   fsdp_attention   the same with LoRA on the attention only (--attention_only_lora), whole layers compiled as in
+#           the 20B notebook, then eager: what the adapters on the experts cost.
 #   nb20b   the DDP notebook through papermill on a stand-in written here (all 24 layers, MXFP4 experts), num_gpus 1,
 #           torch_compile True then False, 8 steps, no merge.
-#   nb120b  the FSDP notebook (eager: it does not compile) the same way, GPT_OSS_120B_NOTEBOOK_LAYERS layers (default 12).
+#   nb120b  the FSDP notebook the same way, GPT_OSS_120B_NOTEBOOK_LAYERS layers (default 4), torch_compile True then False.
 # --packing packs as the notebooks do: padding-free rows whose conversations attend only to themselves
 # (nbhelpers.training.packing.mask_packed_sequences; before 2026-12-06 they attended to each other).
 # Results: $RESULTS/gpt_oss/<run>.json, <run>.log, profile_*.txt, summary.txt.
@@ -46,8 +49,22 @@ fi
 if [[ $stages == *" fsdp "* ]]; then
   fsdp=(torchrun --nproc-per-node 1 benchmarks/gpt_oss_speed.py --size "$size" --max_steps 8 --model gpt-oss-120b
         --layers "$layers120" --packing)
-  run 120b_compiled_packed 150 "${fsdp[@]}" "$out/120b_compiled_packed.json" --torch_compile
-  run 120b_eager_packed 120 "${fsdp[@]}" "$out/120b_eager_packed.json"
+  run 120b_compiled_packed 170 "${fsdp[@]}" "$out/120b_compiled_packed.json" --torch_compile \
+    --profile "$out/profile_120b_compiled_packed"
+  run 120b_eager_packed 130 "${fsdp[@]}" "$out/120b_eager_packed.json" --profile "$out/profile_120b_eager_packed"
+fi
+if [[ $stages == *" fsdp_batch8 "* ]]; then  # the same rows per step in micro-batches of 8 (4x fewer gathers and W + BA)
+  fsdp=(torchrun --nproc-per-node 1 benchmarks/gpt_oss_speed.py --size "$size" --max_steps 7 --model gpt-oss-120b
+        --layers "$layers120" --packing --per_device_train_batch_size 8 --gradient_accumulation_steps 2)
+  run 120b_batch8_compiled_packed 170 "${fsdp[@]}" "$out/120b_batch8_compiled_packed.json" --torch_compile
+  run 120b_batch8_eager_packed 130 "${fsdp[@]}" "$out/120b_batch8_eager_packed.json" \
+    --profile "$out/profile_120b_batch8_eager_packed"
+fi
+if [[ $stages == *" fsdp_attention "* ]]; then
+  fsdp=(torchrun --nproc-per-node 1 benchmarks/gpt_oss_speed.py --size "$size" --max_steps 7 --model gpt-oss-120b
+        --layers "$layers120" --packing --attention_only_lora)
+  run 120b_attention_lora_compiled_packed 140 "${fsdp[@]}" "$out/120b_attention_lora_compiled_packed.json" --torch_compile
+  run 120b_attention_lora_eager_packed 110 "${fsdp[@]}" "$out/120b_attention_lora_eager_packed.json"
 fi
 pm() {  # pm NOTEBOOK RUN -p ...: executed into $out/RUN.ipynb, output_dir $out/RUN
   local notebook=$1 name=$2; shift 2
@@ -68,8 +85,9 @@ if [[ $stages == *" nb20b "* ]]; then
 fi
 if [[ $stages == *" nb120b "* ]]; then
   python3 tests/standins.py make gpt-oss-120b --size "$size" "${weights[@]}" --mxfp4 \
-    --layers "${GPT_OSS_120B_NOTEBOOK_LAYERS:-12}" --out "$models/gpt-oss-120b"
-  pm notebooks/trl/fsdp_gpt_oss_120b.ipynb nb_120b -p model_name_or_path "$models/gpt-oss-120b"
+    --layers "${GPT_OSS_120B_NOTEBOOK_LAYERS:-4}" --out "$models/gpt-oss-120b"
+  pm notebooks/trl/fsdp_gpt_oss_120b.ipynb nb_120b_compiled -p model_name_or_path "$models/gpt-oss-120b" -p torch_compile True
+  pm notebooks/trl/fsdp_gpt_oss_120b.ipynb nb_120b_eager -p model_name_or_path "$models/gpt-oss-120b" -p torch_compile False
   rm -rf "$models/gpt-oss-120b"
 fi
 python3 - "$out" <<'PY' | tee "$out/summary.txt"
