@@ -4,8 +4,8 @@ GPU call (benchmarks/gpu/gpt_oss.sh). Issue 38.
 The model is a random-weight stand-in of the published shape (tests/standins.py), built on the GPU from its config;
 the training settings are the notebook's own: its `lora_config`, `sft_config` (and for the 120B `fsdp_settings` and
 `compile_layers`) cells are executed from the .ipynb, so what is measured is what the notebook trains. Data:
-data/multilingual_thinking. `--attention_only_lora` (120B) is the notebook's `lora_on_experts=False`: what the experts'
-adapters cost, side by side.
+data/multilingual_thinking. `--attention_only_lora` (120B) runs the notebook with `EXPERTS = []`: what the experts' adapters
+cost, side by side.
 
     python benchmarks/gpt_oss_speed.py OUT.json [--model gpt-oss-20b] [--layers N] [--torch_compile]
         [--packing] [--attention_only_lora] [--max_steps 10] [--profile PREFIX]
@@ -67,7 +67,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=None)
     parser.add_argument("--torch_compile", action="store_true", help="compile each decoder layer, as the notebook does")
     parser.add_argument("--packing", action="store_true")
-    parser.add_argument("--attention_only_lora", action="store_true", help="120B: lora_on_experts=False")
+    parser.add_argument("--attention_only_lora", action="store_true", help="120B: the notebook's EXPERTS = []")
     parser.add_argument("--max_steps", type=int, default=10)
     parser.add_argument("--per_device_train_batch_size", type=int, default=None)
     parser.add_argument("--gradient_accumulation_steps", type=int, default=None, help="default: the notebook's")
@@ -88,8 +88,7 @@ def main() -> None:
     args = SimpleNamespace(
         output_dir=str(Path(cli.out).with_suffix("")), learning_rate=2e-4, max_steps=cli.max_steps,
         per_device_train_batch_size=cli.per_device_train_batch_size or defaults[cli.model], max_length=2048,
-        lora_r={"gpt-oss-20b": 8, "gpt-oss-120b": 32}[cli.model], lora_on_experts=not cli.attention_only_lora,
-        fsdp_config="",
+        lora_r={"gpt-oss-20b": 8, "gpt-oss-120b": 32}[cli.model], fsdp_config="",
         sft_settings={"packing": cli.packing, "save_steps": 10_000, "report_to": [], "dataloader_num_workers": 0},
     )
     if cli.gradient_accumulation_steps:
@@ -109,9 +108,11 @@ def main() -> None:
     model.config.use_cache = False
     if cli.packing:  # as the notebook: each packed conversation attends only to itself
         mask_packed_sequences(model)
-    experts_lora = cli.model == "gpt-oss-120b" and args.lora_on_experts
+    if cli.attention_only_lora:  # the notebook's functions read it
+        nb["EXPERTS"] = []
+    experts_lora = bool(nb.get("EXPERTS"))
     if cli.torch_compile and cli.model == "gpt-oss-120b":  # the notebook's: the experts' PEFT wrappers stay eager
-        nb["compile_layers"](model, args)
+        nb["compile_layers"](model)
     elif cli.torch_compile:  # as the 20B notebook: one graph per decoder layer, hooks outside it
         for layer in model.model.layers:
             layer.forward = torch.compile(layer.forward)
