@@ -34,18 +34,6 @@ NOTEBOOKS = {"gpt-oss-20b": ROOT / "notebooks/trl/ddp_gpt_oss_20b.ipynb",
 H100_H200_BF16 = 989e12
 
 
-def notebook_functions(path: Path) -> dict:
-    """The notebook's imports and its cells that only define functions and constants, executed into one namespace."""
-    cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
-    namespace: dict = {}
-    exec("".join(cells[1]["source"]), namespace)  # the imports cell (after `parameters`)
-    for cell in cells[2:]:
-        source = "".join(cell["source"])
-        if any(f"def {name}(" in source for name in ("lora_config", "sft_config", "fsdp_settings", "compile_layers")):
-            exec(source, namespace)
-    return namespace
-
-
 def active_parameters(model) -> float:
     """Parameters a token passes through in matmuls: the experts scaled by top-k / experts, no input embedding."""
     config = model.config
@@ -82,8 +70,9 @@ def main() -> None:
 
     from nbhelpers.training.packing import mask_packed_sequences
     from nbhelpers.training.trainer_log import StepTimer, logged
+    from notebook_code import notebook_cells
 
-    nb = notebook_functions(NOTEBOOKS[cli.model])
+    nb = notebook_cells(NOTEBOOKS[cli.model], "lora_config", "sft_config", "fsdp_settings", "compile_layers")
     defaults = {"gpt-oss-20b": 4, "gpt-oss-120b": 2}
     args = SimpleNamespace(
         output_dir=str(Path(cli.out).with_suffix("")), learning_rate=2e-4, max_steps=cli.max_steps,

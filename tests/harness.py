@@ -28,16 +28,6 @@ class UnknownParameterError(ValueError):
     pass
 
 
-def notebook_cells(notebook: str | Path, *wanted: str) -> dict:
-    """The namespace of a notebook's imports cell (the one after `parameters`) and of its cells that define `wanted`,
-    run in this process: for tests of one function of a notebook."""
-    cells = ["".join(c["source"]) for c in json.loads((REPO / notebook).read_text())["cells"] if c["cell_type"] == "code"]
-    namespace = {}
-    for cell in [cells[1], *(c for c in cells if any(f"def {name}(" in c for name in wanted))]:
-        exec(compile(cell, str(notebook), "exec"), namespace)
-    return namespace
-
-
 def declared_parameters(notebook: Path) -> dict:
     return papermill.inspect_notebook(str(notebook))
 

@@ -8,8 +8,9 @@ import torch
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
-from harness import assert_case_passes, case_ids, notebook_cells
+from harness import assert_case_passes, case_ids
 from notebook_cases import CASES
+from notebook_code import notebook_cells
 
 NOTEBOOK = "notebooks/02_fast_steps.ipynb"
 MINE = [c for c in CASES if c.notebook == NOTEBOOK]

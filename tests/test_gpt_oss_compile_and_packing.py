@@ -13,8 +13,8 @@ from peft import LoraConfig, get_peft_model
 from torch.distributed.fsdp import fully_shard
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-from harness import notebook_cells
 from nbhelpers.training.packing import mask_packed_sequences
+from notebook_code import notebook_cells
 
 
 def lora_model(seed=0):

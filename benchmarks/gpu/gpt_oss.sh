@@ -46,25 +46,25 @@ if [[ $stages == *" padded "* ]]; then
   run 20b_eager_padded 150 "${bench[@]}" "$out/20b_eager_padded.json"
   run 20b_compiled_padded 200 "${bench[@]}" "$out/20b_compiled_padded.json" --torch_compile
 fi
+fsdp=(torchrun --nproc-per-node 1 benchmarks/gpt_oss_speed.py --size "$size" --model gpt-oss-120b --layers "$layers120"
+      --packing)
 if [[ $stages == *" fsdp "* ]]; then
-  fsdp=(torchrun --nproc-per-node 1 benchmarks/gpt_oss_speed.py --size "$size" --max_steps 8 --model gpt-oss-120b
-        --layers "$layers120" --packing)
-  run 120b_compiled_packed 170 "${fsdp[@]}" "$out/120b_compiled_packed.json" --torch_compile \
+  run 120b_compiled_packed 170 "${fsdp[@]}" --max_steps 8 "$out/120b_compiled_packed.json" --torch_compile \
     --profile "$out/profile_120b_compiled_packed"
-  run 120b_eager_packed 130 "${fsdp[@]}" "$out/120b_eager_packed.json" --profile "$out/profile_120b_eager_packed"
+  run 120b_eager_packed 130 "${fsdp[@]}" --max_steps 8 "$out/120b_eager_packed.json" \
+    --profile "$out/profile_120b_eager_packed"
 fi
 if [[ $stages == *" fsdp_batch8 "* ]]; then  # the same rows per step in micro-batches of 8 (4x fewer gathers and W + BA)
-  fsdp=(torchrun --nproc-per-node 1 benchmarks/gpt_oss_speed.py --size "$size" --max_steps 7 --model gpt-oss-120b
-        --layers "$layers120" --packing --per_device_train_batch_size 8 --gradient_accumulation_steps 2)
-  run 120b_batch8_compiled_packed 170 "${fsdp[@]}" "$out/120b_batch8_compiled_packed.json" --torch_compile
-  run 120b_batch8_eager_packed 130 "${fsdp[@]}" "$out/120b_batch8_eager_packed.json" \
+  batch8=(--max_steps 7 --per_device_train_batch_size 8 --gradient_accumulation_steps 2)
+  run 120b_batch8_compiled_packed 170 "${fsdp[@]}" "${batch8[@]}" "$out/120b_batch8_compiled_packed.json" --torch_compile
+  run 120b_batch8_eager_packed 130 "${fsdp[@]}" "${batch8[@]}" "$out/120b_batch8_eager_packed.json" \
     --profile "$out/profile_120b_batch8_eager_packed"
 fi
 if [[ $stages == *" fsdp_attention "* ]]; then
-  fsdp=(torchrun --nproc-per-node 1 benchmarks/gpt_oss_speed.py --size "$size" --max_steps 7 --model gpt-oss-120b
-        --layers "$layers120" --packing --attention_only_lora)
-  run 120b_attention_lora_compiled_packed 140 "${fsdp[@]}" "$out/120b_attention_lora_compiled_packed.json" --torch_compile
-  run 120b_attention_lora_eager_packed 110 "${fsdp[@]}" "$out/120b_attention_lora_eager_packed.json"
+  attention=(--max_steps 7 --attention_only_lora)
+  run 120b_attention_lora_compiled_packed 140 "${fsdp[@]}" "${attention[@]}" \
+    "$out/120b_attention_lora_compiled_packed.json" --torch_compile
+  run 120b_attention_lora_eager_packed 110 "${fsdp[@]}" "${attention[@]}" "$out/120b_attention_lora_eager_packed.json"
 fi
 pm() {  # pm NOTEBOOK RUN -p ...: executed into $out/RUN.ipynb, output_dir $out/RUN
   local notebook=$1 name=$2; shift 2
