@@ -11,6 +11,8 @@
 #   fsdp_batch8   the same rows a step (16 of 2,048 tokens) in micro-batches of 8, gradient accumulation 2: compiled, eager.
 #   fsdp_attention   the same with LoRA on the attention only (--attention_only_lora), whole layers compiled as in
 #           the 20B notebook, then eager: what the adapters on the experts cost.
+#   fsdp_activations   the notebook's LoRA with the experts' part computed on the routed tokens
+#           (--expert_lora_on_activations, benchmarks/expert_lora.py), whole layers compiled, then eager.
 #   nb20b   the DDP notebook through papermill on a stand-in written here (all 24 layers, MXFP4 experts), num_gpus 1,
 #           torch_compile True then False, 8 steps, no merge.
 #   nb120b  the FSDP notebook the same way, GPT_OSS_120B_NOTEBOOK_LAYERS layers (default 4), torch_compile True then False.
@@ -65,6 +67,12 @@ if [[ $stages == *" fsdp_attention "* ]]; then
   run 120b_attention_lora_compiled_packed 140 "${fsdp[@]}" "${attention[@]}" \
     "$out/120b_attention_lora_compiled_packed.json" --torch_compile
   run 120b_attention_lora_eager_packed 110 "${fsdp[@]}" "${attention[@]}" "$out/120b_attention_lora_eager_packed.json"
+fi
+if [[ $stages == *" fsdp_activations "* ]]; then  # the experts' LoRA on the routed tokens: no W + BA a micro-step
+  activations=(--max_steps 8 --expert_lora_on_activations)
+  run 120b_activation_lora_compiled_packed 170 "${fsdp[@]}" "${activations[@]}" \
+    "$out/120b_activation_lora_compiled_packed.json" --torch_compile --profile "$out/profile_120b_activation_lora_compiled"
+  run 120b_activation_lora_eager_packed 130 "${fsdp[@]}" "${activations[@]}" "$out/120b_activation_lora_eager_packed.json"
 fi
 pm() {  # pm NOTEBOOK RUN -p ...: executed into $out/RUN.ipynb, output_dir $out/RUN
   local notebook=$1 name=$2; shift 2
