@@ -1,7 +1,7 @@
 """What several launcher test files share: the stall tests of both engines, GPUs simulated for the local engine, the
 check that a launch left no process running (in this process, or in a notebook kernel)."""
+import contextlib
 import os
-import sys
 import threading
 import time
 
@@ -34,7 +34,7 @@ def assert_a_stall_names_every_ranks_stack(stall_timeout: float, **options) -> N
         assert "wait_here_for_ever" in section, f"rank {rank}'s stack is missing:\n{message}"
 
 
-def assert_a_rank_stuck_in_a_collective_is_a_stall(monkeypatch, stall_timeout: float, reported_within: float = 30,
+def assert_a_rank_stuck_in_a_collective_is_a_stall(stall_timeout: float, reported_within: float = 30,
                                                    **options) -> None:
     """Rank 0 waits in an all_reduce that rank 1 never joins while rank 1 keeps printing: rank 0 alone is stalled,
     and the report, within `reported_within` s of rank 0's last output (rank 1 talks for 60 s), shows it in
@@ -61,9 +61,8 @@ def assert_a_rank_stuck_in_a_collective_is_a_stall(monkeypatch, stall_timeout: f
             dist.all_reduce(torch.ones(1))  # rank 1 never joins: this waits for ever
         talker.join()
 
-    out = TimedStream()
-    monkeypatch.setattr(sys, "stdout", out)
-    with pytest.raises(DistributedError) as caught:
+    out = TimedStream()  # when each rank's output arrived
+    with pytest.raises(DistributedError) as caught, contextlib.redirect_stdout(out):
         waits_in_all_reduce_while_rank_1_talks.distributed(60)
     reported = time.monotonic()
     message = str(caught.value)

@@ -839,8 +839,8 @@ def test_a_stall_dumps_every_ranks_python_stack_then_kills_them():
 
 # STALL_REPEATS=20 runs it 20 times in a row (issue 30 asks for 20 clean runs; CI runs it once)
 @pytest.mark.parametrize("attempt", range(int(os.environ.get("STALL_REPEATS", "1"))))
-def test_a_rank_stuck_in_a_collective_is_a_stall_while_another_rank_keeps_printing(monkeypatch, attempt):
-    assert_a_rank_stuck_in_a_collective_is_a_stall(monkeypatch, 4, reported_within=4 + 5)
+def test_a_rank_stuck_in_a_collective_is_a_stall_while_another_rank_keeps_printing(attempt):
+    assert_a_rank_stuck_in_a_collective_is_a_stall(4, reported_within=4 + 5)
     assert_nothing_left_running()
 
 

@@ -13,9 +13,6 @@ from peft import get_peft_model
 
 from notebook_code import notebook_cells
 
-sys.path.insert(0, str(REPO / "benchmarks"))
-from expert_lora import lora_on_expert_activations  # noqa: E402
-
 
 def loss_and_gradients(model, ids):
     model.zero_grad()
@@ -25,6 +22,9 @@ def loss_and_gradients(model, ids):
 
 
 def test_lora_on_the_experts_activations_gives_peft_s_loss_and_gradients():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from expert_lora import lora_on_expert_activations
+
     nb = notebook_cells(REPO / "notebooks/trl/fsdp_gpt_oss_120b.ipynb", "lora_config")
     model = standins.build("gpt-oss-120b", "tiny", device="cpu", seed=0, layers=2)
     model.config.use_cache = False
@@ -45,4 +45,3 @@ def test_lora_on_the_experts_activations_gives_peft_s_loss_and_gradients():
     for name, gradient in gradients.items():
         torch.testing.assert_close(candidate_gradients[name], gradient, rtol=1e-4, atol=1e-6, msg=name)
     assert candidate.state_dict().keys() == peft_model.state_dict().keys()  # the adapter saves as PEFT's
-

@@ -166,8 +166,8 @@ def test_a_rank_too_slow_to_answer_after_a_stall_is_shown_by_the_stack_it_sent_w
     assert_nothing_left()
 
 
-def test_a_rank_stuck_in_a_collective_is_a_stall_while_another_rank_keeps_printing(monkeypatch):
-    assert_a_rank_stuck_in_a_collective_is_a_stall(monkeypatch, 6, engine="ray")
+def test_a_rank_stuck_in_a_collective_is_a_stall_while_another_rank_keeps_printing():
+    assert_a_rank_stuck_in_a_collective_is_a_stall(6, engine="ray")
     assert_nothing_left()
 
 
