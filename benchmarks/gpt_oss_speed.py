@@ -3,13 +3,14 @@ GPU call (benchmarks/gpu/gpt_oss.sh). Issue 38.
 
 The model is a random-weight stand-in of the published shape (tests/standins.py), built on the GPU from its config;
 the training settings are the notebook's own: its `lora_config`, `sft_config` (and for the 120B `fsdp_settings` and
-`compile_layers`) cells are executed from the .ipynb, so what is measured is what the notebook trains. Data:
+`fsdp_settings`) cells are executed from the .ipynb, so what is measured is what the notebook trains. Data:
 data/multilingual_thinking. `--attention_only_lora` (120B) runs the notebook with `EXPERTS = []`: what the experts' adapters
-cost, side by side. `--expert_lora_on_activations` (120B) keeps them but computes them on the routed tokens
-(expert_lora.py), a candidate not yet in the notebook.
+cost, side by side. The 120B's LoRA on the experts is computed on the routed tokens, as the notebook does
+(nbhelpers.training.expert_lora); `--peft_expert_lora` leaves it to PEFT (W + BA for every expert, the notebook
+before 2026-12-06), eager only: a compiled layer cannot hold PEFT's parametrization.
 
     python benchmarks/gpt_oss_speed.py OUT.json [--model gpt-oss-20b] [--layers N] [--torch_compile]
-        [--packing] [--attention_only_lora | --expert_lora_on_activations] [--max_steps 10] [--profile PREFIX]
+        [--packing] [--attention_only_lora | --peft_expert_lora] [--max_steps 10] [--profile PREFIX]
     torchrun --nproc-per-node 1 benchmarks/gpt_oss_speed.py OUT.json --model gpt-oss-120b --layers 8 ...  (FSDP)
 
 Writes OUT.json: tokens/s of real (non-padding) tokens after 2 warm-up steps (and before the profiled ones), MFU (6 x active parameters per
@@ -57,25 +58,28 @@ def main() -> None:
     parser.add_argument("--torch_compile", action="store_true", help="compile each decoder layer, as the notebook does")
     parser.add_argument("--packing", action="store_true")
     parser.add_argument("--attention_only_lora", action="store_true", help="120B: the notebook's EXPERTS = []")
-    parser.add_argument("--expert_lora_on_activations", action="store_true",
-                        help="120B: the experts' LoRA as x W + s (x A) B (expert_lora.py), whole layers compiled")
+    parser.add_argument("--peft_expert_lora", action="store_true",
+                        help="120B: the experts' LoRA as PEFT computes it (W + BA), not on the tokens; eager only")
     parser.add_argument("--max_steps", type=int, default=10)
     parser.add_argument("--per_device_train_batch_size", type=int, default=None)
     parser.add_argument("--gradient_accumulation_steps", type=int, default=None, help="default: the notebook's")
     parser.add_argument("--profile", default=None, help="profile the last step into PREFIX.txt")
     parser.add_argument("--size", default="full", choices=["full", "tiny"], help="tiny: check the script on a CPU")
     cli = parser.parse_args()
+    if cli.peft_expert_lora and cli.torch_compile:
+        parser.error("--peft_expert_lora runs eager: PEFT's parametrization recompiles on every call")
 
     import standins
     from datasets import load_dataset
     from transformers import AutoModelForCausalLM
     from trl import SFTTrainer
 
+    from nbhelpers.training.expert_lora import lora_on_expert_activations
     from nbhelpers.training.packing import mask_packed_sequences
     from nbhelpers.training.trainer_log import StepTimer, logged
     from notebook_code import notebook_cells
 
-    nb = notebook_cells(NOTEBOOKS[cli.model], "lora_config", "sft_config", "fsdp_settings", "compile_layers")
+    nb = notebook_cells(NOTEBOOKS[cli.model], "lora_config", "sft_config", "fsdp_settings")
     defaults = {"gpt-oss-20b": 4, "gpt-oss-120b": 2}
     args = SimpleNamespace(
         output_dir=str(Path(cli.out).with_suffix("")), learning_rate=2e-4, max_steps=cli.max_steps,
@@ -103,9 +107,7 @@ def main() -> None:
     if cli.attention_only_lora:  # the notebook's functions read it
         nb["EXPERTS"] = []
     experts_lora = bool(nb.get("EXPERTS"))
-    if cli.torch_compile and cli.model == "gpt-oss-120b" and not cli.expert_lora_on_activations:
-        nb["compile_layers"](model)  # the notebook's: the experts' PEFT wrappers stay eager
-    elif cli.torch_compile:  # as the 20B notebook: one graph per decoder layer, hooks outside it
+    if cli.torch_compile:  # as the notebooks: one graph per decoder layer, hooks outside it
         for layer in model.model.layers:
             layer.forward = torch.compile(layer.forward)
     dataset = load_dataset("json", data_files=str(ROOT / "data/multilingual_thinking/train.jsonl"), split="train")
@@ -127,10 +129,9 @@ def main() -> None:
         callbacks.append(Profiler(cli.profile, wait=profiled_from))
     trainer = SFTTrainer(model=model, args=sft, train_dataset=dataset, peft_config=nb["lora_config"](args),
                          processing_class=tokenizer, callbacks=callbacks)
-    if cli.expert_lora_on_activations:  # no parametrization left to recompile: whole layers compile (above)
-        from expert_lora import lora_on_expert_activations
-
-        assert lora_on_expert_activations(trainer.model) == config.num_hidden_layers, "no LoRA on the experts"
+    if cli.model == "gpt-oss-120b" and not cli.peft_expert_lora:  # as the notebook
+        changed = lora_on_expert_activations(trainer.model)
+        assert changed == (config.num_hidden_layers if experts_lora else 0), changed
     if on_gpu:
         torch.cuda.reset_peak_memory_stats(device)
     trainer.train()
@@ -140,7 +141,7 @@ def main() -> None:
                                else trainer.model)
     result = {
         "model": cli.model, "layers": config.num_hidden_layers, "torch_compile": cli.torch_compile,
-        "lora_on_experts": experts_lora, "expert_lora_on_activations": cli.expert_lora_on_activations,
+        "lora_on_experts": experts_lora, "peft_expert_lora": cli.peft_expert_lora,
         "packing": cli.packing, "per_device_train_batch_size": args.per_device_train_batch_size,
         "gradient_accumulation_steps": sft.gradient_accumulation_steps, "max_length": sft.max_length,
         "tokens_per_s": tokens_per_s, "active_parameters": active,

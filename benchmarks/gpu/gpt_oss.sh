@@ -6,13 +6,12 @@
 #           compiled (its last step profiled, after the timed ones), then (with stage `eager`) eager: same seed and data, the losses compare.
 #   padded  the same without packing (the notebook before it): real tokens/s of padded batches, eager and compiled.
 #   fsdp    GPT-OSS-120B at full width with GPT_OSS_120B_LAYERS layers (default 8), FSDP2 through the Trainer under
-#           torchrun on one GPU, per-GPU batch 2 x 2,048: compiled as the notebook compiles (attention, norms, router;
-#           the experts' PEFT wrappers eager), then eager; the last step of each profiled.
+#           torchrun on one GPU, per-GPU batch 2 x 2,048, the experts' LoRA on their tokens as the notebook computes
+#           it: each decoder layer compiled, then eager; the last step of each profiled.
+#   fsdp_peft   the same with the experts' LoRA left to PEFT (W + BA for every expert: the notebook before
+#           2026-12-06's last change), eager (compiled layers cannot hold PEFT's parametrization), profiled.
 #   fsdp_batch8   the same rows a step (16 of 2,048 tokens) in micro-batches of 8, gradient accumulation 2: compiled, eager.
-#   fsdp_attention   the same with LoRA on the attention only (--attention_only_lora), whole layers compiled as in
-#           the 20B notebook, then eager: what the adapters on the experts cost.
-#   fsdp_activations   the notebook's LoRA with the experts' part computed on the routed tokens
-#           (--expert_lora_on_activations, benchmarks/expert_lora.py), whole layers compiled, then eager.
+#   fsdp_attention   the same with LoRA on the attention only (--attention_only_lora), compiled, then eager.
 #   nb20b   the DDP notebook through papermill on a stand-in written here (all 24 layers, MXFP4 experts), num_gpus 1,
 #           torch_compile True then False, 8 steps, no merge.
 #   nb120b  the FSDP notebook the same way, GPT_OSS_120B_NOTEBOOK_LAYERS layers (default 4), torch_compile True then False.
@@ -56,23 +55,20 @@ if [[ $stages == *" fsdp "* ]]; then
   run 120b_eager_packed 130 "${fsdp[@]}" --max_steps 8 "$out/120b_eager_packed.json" \
     --profile "$out/profile_120b_eager_packed"
 fi
-if [[ $stages == *" fsdp_batch8 "* ]]; then  # the same rows per step in micro-batches of 8 (4x fewer gathers and W + BA)
+if [[ $stages == *" fsdp_peft "* ]]; then
+  run 120b_peft_eager_packed 130 "${fsdp[@]}" --max_steps 8 --peft_expert_lora "$out/120b_peft_eager_packed.json" \
+    --profile "$out/profile_120b_peft_eager_packed"
+fi
+if [[ $stages == *" fsdp_batch8 "* ]]; then  # the same rows per step in micro-batches of 8 (4x fewer gathers)
   batch8=(--max_steps 7 --per_device_train_batch_size 8 --gradient_accumulation_steps 2)
   run 120b_batch8_compiled_packed 170 "${fsdp[@]}" "${batch8[@]}" "$out/120b_batch8_compiled_packed.json" --torch_compile
-  run 120b_batch8_eager_packed 130 "${fsdp[@]}" "${batch8[@]}" "$out/120b_batch8_eager_packed.json" \
-    --profile "$out/profile_120b_batch8_eager_packed"
+  run 120b_batch8_eager_packed 130 "${fsdp[@]}" "${batch8[@]}" "$out/120b_batch8_eager_packed.json"
 fi
 if [[ $stages == *" fsdp_attention "* ]]; then
   attention=(--max_steps 7 --attention_only_lora)
   run 120b_attention_lora_compiled_packed 140 "${fsdp[@]}" "${attention[@]}" \
     "$out/120b_attention_lora_compiled_packed.json" --torch_compile
   run 120b_attention_lora_eager_packed 110 "${fsdp[@]}" "${attention[@]}" "$out/120b_attention_lora_eager_packed.json"
-fi
-if [[ $stages == *" fsdp_activations "* ]]; then  # the experts' LoRA on the routed tokens: no W + BA a micro-step
-  activations=(--max_steps 8 --expert_lora_on_activations)
-  run 120b_activation_lora_compiled_packed 170 "${fsdp[@]}" "${activations[@]}" \
-    "$out/120b_activation_lora_compiled_packed.json" --torch_compile --profile "$out/profile_120b_activation_lora_compiled"
-  run 120b_activation_lora_eager_packed 130 "${fsdp[@]}" "${activations[@]}" "$out/120b_activation_lora_eager_packed.json"
 fi
 pm() {  # pm NOTEBOOK RUN -p ...: executed into $out/RUN.ipynb, output_dir $out/RUN
   local notebook=$1 name=$2; shift 2

@@ -10,5 +10,6 @@
 - adapters.py         a LoRA adapter's fingerprint (identical on every rank under DDP), the merged model's export
 - needs_gpu.py        what cannot run on CPUs (TRL's loss kernel) says so before anything loads
 - packing.py          GPT-OSS's attention masks for packed rows: each conversation attends only to itself
+- expert_lora.py      GPT-OSS's experts' LoRA on the routed tokens, not PEFT's W + BA for every expert
 - axolotl_plugins.py  Axolotl plugins: its checkpoints sealed, a resumed run on the same data order
 """

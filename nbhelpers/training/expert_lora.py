@@ -1,20 +1,22 @@
-"""LoRA on GPT-OSS's experts applied to the activations, a candidate for issue 38 (measured by gpt_oss_speed.py).
+"""GPT-OSS's experts with PEFT LoRA, computed on the routed tokens instead of on the weights.
 
 PEFT reaches the experts' 3-D weights (`LoraConfig(target_parameters=...)`) through a parametrization: every forward
-builds W + s A B for all of a layer's experts (one `baddbmm` the size of the expert stack), and the backward builds a
-gradient of that size, whatever the number of tokens. On one H100 that was 30 % of the 120B's step (2026-12-06). The
-same function, computed on the routed tokens instead, is x W + s (x A) B: two grouped matmuls of rank r per weight,
-next to the grouped matmul of W itself. The adapter's parameters, their names and `save_pretrained` are PEFT's: only
-the forward of the experts changes, so the saved adapter loads and merges as before.
+builds W + s A B for all of a layer's experts (one `baddbmm` the size of the expert stack), and the backward a
+gradient of that size, whatever the number of tokens (30 % of the 120B's step on one H100, 2026-12-06). It also
+registers a new class on every call, which keeps torch.compile from compiling the layer whole. The same function on
+the routed tokens is x W + s (x A) B: two grouped matmuls of rank r per weight, beside the grouped matmul of W
+itself. The adapter's parameters, their names and `save_pretrained` stay PEFT's: only the experts' forward changes,
+so the saved adapter loads and merges as before.
 
-    from expert_lora import lora_on_expert_activations
-    lora_on_expert_activations(peft_model)      # after get_peft_model / SFTTrainer(peft_config=...), before training
+    trainer = SFTTrainer(..., peft_config=LoraConfig(..., target_parameters=[...experts...]))
+    lora_on_expert_activations(trainer.model)      # before training; returns how many experts modules changed
 """
 from __future__ import annotations
 
 import types
 
 import torch
+import torch.nn.functional as F
 from peft.tuners.lora.layer import ParamWrapper
 from transformers.integrations.moe import _grouped_mm  # the model's own dispatch: torch's grouped_mm, else a fallback
 
@@ -39,6 +41,7 @@ def lora_on_expert_activations(model: torch.nn.Module) -> int:
 
 def _experts_forward(self, hidden_states, top_k_index, top_k_weights):
     """GPT-OSS's experts on the routed tokens, grouped by expert; LoRA as x W + s (x A) B."""
+    factors = _lora_factors(self.lora_wrappers)
     top_k = top_k_index.shape[-1]
     expert_ids, order = top_k_index.reshape(-1).sort()  # the token-expert pairs, grouped by expert
     tokens = order // top_k
@@ -48,14 +51,29 @@ def _experts_forward(self, hidden_states, top_k_index, top_k_weights):
 
     def project(x, name):
         out = _grouped_mm(x, getattr(self, name), offsets) + getattr(self, f"{name}_bias")[expert_ids]
-        wrapper = self.lora_wrappers.get(name)
-        if wrapper is None or wrapper.disable_adapters or wrapper.merged:
+        if name not in factors:
             return out
-        [adapter] = [a for a in wrapper.active_adapters if a in wrapper.lora_A]
-        lhs, rhs, scaling = wrapper.get_delta_factors(adapter)  # (experts, in, r), (experts, r, out): views of A, B
-        # contiguous: grouped_mm takes each expert's matrix row- or column-major, not B's view (experts last)
-        return out + scaling * _grouped_mm(_grouped_mm(x, lhs.contiguous(), offsets), rhs.contiguous(), offsets)
+        lhs, rhs = factors[name]
+        return out + _grouped_mm(_grouped_mm(x, lhs, offsets), rhs, offsets)
 
     routed = project(self._apply_gate(project(hidden_states[tokens], "gate_up_proj")), "down_proj")
     routed = routed * top_k_weights.reshape(-1)[order, None]
     return torch.zeros_like(hidden_states).index_add_(0, tokens, routed.to(hidden_states.dtype))
+
+
+# Eager, also in a compiled layer (one graph break): grouped_mm takes each expert's matrix in one block, row- or
+# column-major, and Inductor lays a copy of B out as B is stored, the experts' index last (torch 2.11: "Invalid
+# strides/sizes").
+@torch.compiler.disable
+def _lora_factors(wrappers: dict) -> dict:
+    """{weight name: (A, s B)} of the active adapter, (experts, in, r) and (experts, r, out), each expert's matrix
+    contiguous; r padded with zeros to rows of 16 bytes (grouped_mm's minimum: r = 8 in bf16), the same product."""
+    factors = {}
+    for name, wrapper in wrappers.items():
+        if wrapper.disable_adapters or wrapper.merged:
+            continue
+        [adapter] = [a for a in wrapper.active_adapters if a in wrapper.lora_A]
+        lhs, rhs, scaling = wrapper.get_delta_factors(adapter)  # views of PEFT's A and B
+        pad = -lhs.shape[-1] % (16 // lhs.element_size())
+        factors[name] = F.pad(lhs, (0, pad)).contiguous(), F.pad(rhs, (0, 0, 0, pad)).contiguous() * scaling
+    return factors
