@@ -2,8 +2,8 @@
 GPU call (benchmarks/gpu/gpt_oss.sh). Issue 38.
 
 The model is a random-weight stand-in of the published shape (tests/standins.py), built on the GPU from its config;
-the training settings are the notebook's own: its `lora_config`, `sft_config` (and for the 120B `fsdp_settings` and
-`fsdp_settings`) cells are executed from the .ipynb, so what is measured is what the notebook trains. Data:
+the training settings are the notebook's own: its `lora_config`, `sft_config` (and for the 120B `fsdp_settings`)
+cells are executed from the .ipynb, so what is measured is what the notebook trains. Data:
 data/multilingual_thinking. `--attention_only_lora` (120B) runs the notebook with `EXPERTS = []`: what the experts' adapters
 cost, side by side. The 120B's LoRA on the experts is computed on the routed tokens, as the notebook does
 (nbhelpers.training.expert_lora); `--peft_expert_lora` leaves it to PEFT (W + BA for every expert, the notebook

@@ -8,7 +8,7 @@ import pytest
 import standins
 import torch
 from harness import REPO
-from peft import get_peft_model
+from peft import LoraConfig, get_peft_model
 
 from nbhelpers.training.expert_lora import lora_on_expert_activations
 from notebook_code import notebook_cells
@@ -69,3 +69,10 @@ def test_compiled_with_inductor_in_bf16_it_gives_the_eager_results():
     torch._dynamo.reset()
     for got, expected in zip(compiled, eager):
         torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)
+
+
+def test_lora_on_another_models_parameters_is_refused_with_what_to_do():
+    model = standins.build("llama-3.2-1b", "tiny", device="cpu", seed=0, layers=1)
+    peft_model = get_peft_model(model, LoraConfig(r=4, target_modules=[], target_parameters=["mlp.gate_proj.weight"]))
+    with pytest.raises(TypeError, match=r"GPT-OSS's experts; Linear has LoRA on \['weight'\]: leave it to PEFT"):
+        lora_on_expert_activations(peft_model)

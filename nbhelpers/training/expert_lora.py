@@ -32,9 +32,12 @@ def lora_on_expert_activations(model: torch.nn.Module) -> int:
         while isinstance(experts, ParamWrapper):
             by_parameter[experts.parameter_name] = experts
             experts = experts.base_layer
+        if type(experts).__name__ != "GptOssExperts":
+            raise TypeError(f"lora_on_expert_activations computes GPT-OSS's experts; {type(experts).__name__} has "
+                            f"LoRA on {sorted(by_parameter)}: leave it to PEFT (do not call this)")
         experts.lora_wrappers = by_parameter  # a plain dict: not made submodules of the experts they wrap
         experts.forward = types.MethodType(_experts_forward, experts)
-        module.forward = experts.forward  # past the wrappers: no parametrization, no W + s A B
+        module.forward = experts.__call__  # past the wrappers (no W + s A B), through the experts' own hooks
         changed += 1
     return changed
 
@@ -45,8 +48,10 @@ def _experts_forward(self, hidden_states, top_k_index, top_k_weights):
     top_k = top_k_index.shape[-1]
     expert_ids, order = top_k_index.reshape(-1).sort()  # the token-expert pairs, grouped by expert
     tokens = order // top_k
-    # histc, not bincount: a fixed output size, which torch.compile keeps in one graph
-    counts = torch.histc(expert_ids.float(), bins=self.num_experts, min=0, max=self.num_experts - 1)
+    # histc, not bincount: a fixed output size, which torch.compile keeps in one graph; as in Transformers, ints on
+    # CUDA and floats on the CPU (the inputs each supports with deterministic algorithms)
+    ids = expert_ids.float() if expert_ids.device.type == "cpu" else expert_ids.int()
+    counts = torch.histc(ids, bins=self.num_experts, min=0, max=self.num_experts - 1)
     offsets = counts.cumsum(0).to(torch.int32)
 
     def project(x, name):
@@ -72,7 +77,10 @@ def _lora_factors(wrappers: dict) -> dict:
     for name, wrapper in wrappers.items():
         if wrapper.disable_adapters or wrapper.merged:
             continue
-        [adapter] = [a for a in wrapper.active_adapters if a in wrapper.lora_A]
+        active = [a for a in wrapper.active_adapters if a in wrapper.lora_A]
+        if len(active) != 1:
+            raise ValueError(f"lora_on_expert_activations trains one adapter at a time; active on {name}: {active}")
+        [adapter] = active
         lhs, rhs, scaling = wrapper.get_delta_factors(adapter)  # views of PEFT's A and B
         pad = -lhs.shape[-1] % (16 // lhs.element_size())
         factors[name] = F.pad(lhs, (0, pad)).contiguous(), F.pad(rhs, (0, 0, 0, pad)).contiguous() * scaling
