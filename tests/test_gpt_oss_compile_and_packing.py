@@ -1,7 +1,10 @@
 """The two speed settings of the GPT-OSS notebooks change no result (issue 38): compiled decoder layers train to the
 eager losses, and a packed row gives each conversation the log-probabilities it has alone. Tiny GPT-OSS stand-in on
 the CPU; the GPU side of both is recorded in benchmarks/results/h200x1_2026-12-04/gpt_oss_*."""
+import contextlib
 import functools
+import logging
+import re
 from types import SimpleNamespace
 from unittest import mock
 
@@ -122,12 +125,33 @@ def fsdp_lora_120b(notebook, compiled: bool, lora_on_experts: bool):
     return model.train()
 
 
+@contextlib.contextmanager
+def recompiled_functions():
+    """The names of the functions torch.compile compiles again inside the block (a set, filled as it runs)."""
+    names = set()
+
+    class Recompiles(logging.Handler):
+        def emit(self, record):
+            if found := re.match(r"Recompiling function (\w+)", record.getMessage()):
+                names.add(found.group(1))
+
+    handler, logger = Recompiles(), logging.getLogger("torch._dynamo")
+    torch._logging.set_logs(recompiles=True)
+    logger.addHandler(handler)
+    try:
+        yield names
+    finally:
+        logger.removeHandler(handler)
+        torch._logging.set_logs()
+
+
 @pytest.mark.parametrize("lora_on_experts", [True, False])
 def test_the_120b_notebooks_compiled_layers_train_to_the_eager_losses(lora_on_experts, tmp_path):
     # Until the experts' LoRA was computed on their tokens, PEFT's parametrization (a new class on every call) kept
     # their layers from compiling whole: on GPUs they failed in the backward (CheckpointError, 2026-12-05). Here with
-    # the backend that stops before code generation (see the test above). Recompilations are allowed: on the CPU, in
-    # fp32, Transformers' grouped-mm fallback compiles once per weight shape and type (on GPUs, in bf16, it is not used).
+    # the backend that stops before code generation (see the test above). The layers share their graphs: no function
+    # recompiles but Transformers' grouped-mm dispatch, which on the CPU, in fp32, compiles once per weight shape and
+    # type (on GPUs, in bf16, it picks torch's grouped_mm).
     notebook = notebook_cells("notebooks/trl/fsdp_gpt_oss_120b.ipynb", "lora_config")
     vocab = standins.config("gpt-oss-120b", "tiny").vocab_size
     batches = [torch.randint(0, vocab, (2, 48), generator=torch.Generator().manual_seed(0))] * 6
@@ -135,11 +159,12 @@ def test_the_120b_notebooks_compiled_layers_train_to_the_eager_losses(lora_on_ex
     try:
         eager = train_losses(fsdp_lora_120b(notebook, compiled=False, lora_on_experts=lora_on_experts), batches)
         aot_eager = functools.partial(torch.compile, backend="aot_eager")
-        with mock.patch.object(torch, "compile", aot_eager):
+        with mock.patch.object(torch, "compile", aot_eager), recompiled_functions() as recompiled:
             model = fsdp_lora_120b(notebook, compiled=True, lora_on_experts=lora_on_experts)
             compiled = train_losses(model, batches)
     finally:
         dist.destroy_process_group()
         torch._dynamo.reset()
+    assert recompiled <= {"_can_use_grouped_mm"}, f"recompiled: {recompiled}"
     assert eager[-1] < eager[0] - 0.05, f"the eager run did not learn: {eager}"
     assert compiled == pytest.approx(eager, rel=1e-4), f"compiled {compiled} vs eager {eager}"
