@@ -1,5 +1,6 @@
 """The Hugging Face helpers: tokens/s after the warm-up steps (nbhelpers.training.trainer_log); clear errors for a
 model or dataset that cannot be found (nbhelpers.training.hub)."""
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -26,6 +27,14 @@ def test_tokens_per_second_keeps_one_timed_step_when_the_run_is_short():
     timer = _timer([10.0, 12.0], [100, 300])
     assert timer.tokens_per_second(warmup_steps=5) == pytest.approx(100.0)
     assert timer.timed_steps(warmup_steps=5) == 1
+
+
+def test_a_rerun_with_one_step_or_none_left_has_no_tokens_per_second_instead_of_an_error():
+    """A rerun of a finished notebook resumes from its last checkpoint and trains nothing: its results (the adapter
+    was saved) must still come back (a GPU run of 2026-12-06 failed there after training)."""
+    for steps in ([], [10.0]):
+        timer = _timer(steps, [100] * len(steps))
+        assert math.isnan(timer.tokens_per_second(warmup_steps=2))
 
 
 def test_tokens_per_second_says_what_to_set_when_no_tokens_were_counted():

@@ -72,6 +72,7 @@ if [[ $stages == *" fsdp_attention "* ]]; then
 fi
 pm() {  # pm NOTEBOOK RUN -p ...: executed into $out/RUN.ipynb, output_dir $out/RUN
   local notebook=$1 name=$2; shift 2
+  rm -rf "$out/$name"  # a run of an earlier call on this machine would be resumed from (2026-12-06: 0 steps left)
   local started=$(date +%s)
   timeout 330 python3 -m papermill --execution-timeout 600 --no-progress-bar "$notebook" "$out/$name.ipynb" \
     -p output_dir "$out/$name" -p num_gpus 1 -p dataset_name "$PWD/data/multilingual_thinking" -p max_steps 8 \

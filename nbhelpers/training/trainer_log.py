@@ -40,6 +40,10 @@ class StepTimer(TrainerCallback):
         return len(self.times) - 1 - self.first_timed(warmup_steps)
 
     def tokens_per_second(self, warmup_steps: int) -> float:
+        """nan when this run ended fewer than 2 steps (one resumed with a step or none left: a rerun of a finished
+        notebook), which time nothing."""
+        if len(self.times) < 2:
+            return float("nan")
         first = self.first_timed(warmup_steps)
         if self.tokens[-1] == 0:
             raise RuntimeError("no tokens counted: pass include_num_input_tokens_seen='non_padding' to the config")
