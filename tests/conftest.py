@@ -1,4 +1,9 @@
+import gc
 import os
+
+# The test processes import torch, Transformers, MLflow, papermill...: a collection meanwhile only walks what stays
+# imported (an eighth of the collection time). Collection resumes, those objects frozen, when the tests start.
+gc.disable()
 
 # No hub, no telemetry, no cloud probes: set before anything imports transformers, trl, axolotl or ray,
 # and inherited by the notebook kernels and ranks the tests start.
@@ -96,3 +101,9 @@ LONGEST_FIRST = [
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's own order is kept
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which ends the hook in its controller process
+def pytest_runtestloop(session):
+    gc.freeze()
+    gc.enable()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import faulthandler
+import gc
 import multiprocessing
 import os
 import shutil
@@ -38,9 +39,14 @@ def _remove_the_socket_folder_when_the_launcher_ends() -> None:
     atexit.register(remove)
 
 
+IN_FORK_SERVER = any(arg.startswith("from multiprocessing.forkserver import main") for arg in sys.orig_argv)
+
 # Before torch (seconds to import): the sooner the server has left the launcher's process group, the better.
-if any(arg.startswith("from multiprocessing.forkserver import main") for arg in sys.orig_argv):
+if IN_FORK_SERVER:
     _remove_the_socket_folder_when_the_launcher_ends()
+    # The server's imports live as long as it does: a collection while importing only walks them (a fifth of the
+    # import time of torch + transformers). Collection resumes after them (_import_what_the_ranks_need).
+    gc.disable()
 
 import torch  # noqa: E402  imported here so that every fork of the server has it already
 
@@ -57,8 +63,12 @@ def _import_what_the_ranks_need() -> None:
             importlib.import_module(name)
 
 
-if any(arg.startswith("from multiprocessing.forkserver import main") for arg in sys.orig_argv):
+if IN_FORK_SERVER:
     _import_what_the_ranks_need()
+    # Frozen: no collection in the server or in a rank forked from it walks the imported modules' objects again,
+    # and none touches their pages (which a rank then shares with the server instead of copying).
+    gc.freeze()
+    gc.enable()
 
 
 def _die_with_launcher(lifeline_fd: int) -> None:
