@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from peft.tuners.lora.layer import ParamWrapper
 from transformers.integrations.moe import _grouped_mm  # the model's own dispatch: torch's grouped_mm, else a fallback
+from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
 
 
 def lora_on_expert_activations(model: torch.nn.Module) -> int:
@@ -32,7 +33,7 @@ def lora_on_expert_activations(model: torch.nn.Module) -> int:
         while isinstance(experts, ParamWrapper):
             by_parameter[experts.parameter_name] = experts
             experts = experts.base_layer
-        if type(experts).__name__ != "GptOssExperts":
+        if not isinstance(experts, GptOssExperts):
             raise TypeError(f"lora_on_expert_activations computes GPT-OSS's experts; {type(experts).__name__} has "
                             f"LoRA on {sorted(by_parameter)}: leave it to PEFT (do not call this)")
         experts.lora_wrappers = by_parameter  # a plain dict: not made submodules of the experts they wrap
