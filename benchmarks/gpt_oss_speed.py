@@ -161,7 +161,8 @@ def main() -> None:
 
 
 class Profiler(TrainerCallback):
-    """Profiles the GPU kernels of the optimizer step after `wait` and writes their table, sorted by GPU time."""
+    """Profiles the optimizer step after `wait`: its GPU kernels' table (sorted by GPU time), the CPU ops' table, and
+    where the GPU waited: its idle gaps by size, and by the CPU op running in the middle of each (gaps_report)."""
 
     def __init__(self, prefix, wait):
         self.prefix, self.wait, self.step, self.prof = prefix, wait, 0, None
@@ -171,7 +172,7 @@ class Profiler(TrainerCallback):
 
         self.step += 1
         if self.step == self.wait:
-            self.prof = profile(activities=[ProfilerActivity.CUDA])
+            self.prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
             self.prof.start()
             self.started = time.perf_counter()
         elif self.step == self.wait + 1 and self.prof is not None:
@@ -182,9 +183,62 @@ class Profiler(TrainerCallback):
             key = "self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
             busy = sum(getattr(e, key) for e in events if e.device_type == torch.autograd.DeviceType.CUDA) / 1e6
             table = events.table(sort_by=key, row_limit=40, max_name_column_width=90)
+            cpu = events.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=90)
             Path(self.prefix + ".txt").write_text(
-                f"1 optimizer step: wall {wall:.3f} s (profiled), GPU kernels busy {busy:.3f} s\n\n{table}")
+                f"1 optimizer step: wall {wall:.3f} s (profiled), GPU kernels busy {busy:.3f} s\n\n{table}\n\n"
+                f"CPU ops by self CPU time:\n{cpu}\n\n{gaps_report(self.prof.events())}")
             self.prof = None
+
+
+def gaps_report(events, min_gap_us: float = 20.0) -> str:
+    """Where the GPU was idle between its first and last kernel: the gaps by size, and the gaps of at least
+    `min_gap_us` summed by the CPU op (outermost, and innermost) that was running at each gap's middle, on any
+    thread. `events`: the profiler's FunctionEvents (time_range in microseconds)."""
+    import bisect
+    from collections import Counter
+
+    gpu = sorted((e.time_range.start, e.time_range.end) for e in events
+                 if e.device_type == torch.autograd.DeviceType.CUDA)
+    cpu = sorted((e for e in events if e.device_type == torch.autograd.DeviceType.CPU),
+                 key=lambda e: e.time_range.start)
+    if not gpu:
+        return "no GPU kernels recorded"
+    gaps, end = [], gpu[0][1]
+    for start, stop in gpu[1:]:
+        if start > end:
+            gaps.append((end, start))
+        end = max(end, stop)
+    span = end - gpu[0][0]
+    sizes = Counter()
+    for g0, g1 in gaps:
+        d = g1 - g0
+        sizes["< 10 us" if d < 10 else "10-100 us" if d < 100 else "0.1-1 ms" if d < 1000 else ">= 1 ms"] += d
+    starts = [e.time_range.start for e in cpu]
+    outer, inner = Counter(), Counter()
+    for g0, g1 in gaps:
+        if g1 - g0 < min_gap_us:
+            continue
+        middle = (g0 + g1) / 2
+        i = bisect.bisect_right(starts, middle)
+        around = [e for e in cpu[max(0, i - 400):i] if e.time_range.end >= middle]
+        if not around:
+            outer["(no op: Python or waiting)"] += g1 - g0
+            inner["(no op: Python or waiting)"] += g1 - g0
+            continue
+        innermost = max(around, key=lambda e: e.time_range.start)
+        top = innermost
+        while getattr(top, "cpu_parent", None) is not None:
+            top = top.cpu_parent
+        outer[top.name[:80]] += g1 - g0
+        inner[innermost.name[:80]] += g1 - g0
+    idle = sum(g1 - g0 for g0, g1 in gaps)
+    lines = [f"GPU idle {idle / 1e3:.1f} ms of {span / 1e3:.1f} ms between the first and last kernel "
+             f"({idle / span:.1%}), {len(gaps)} gaps: "
+             + ", ".join(f"{k} {v / 1e3:.1f} ms" for k, v in sizes.items())]
+    for title, counter in ((f"gaps >= {min_gap_us:g} us by the outermost CPU op at their middle", outer),
+                           ("... by the innermost", inner)):
+        lines += [title + ":"] + [f"  {v / 1e3:9.1f} ms  {k}" for k, v in counter.most_common(15)]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
