@@ -13,7 +13,9 @@
 #   fsdp_batch8   the same rows a step (16 of 2,048 tokens) in micro-batches of 8, gradient accumulation 2: compiled, eager.
 #   fsdp_attention   the same with LoRA on the attention only (--attention_only_lora), compiled, then eager.
 #   nb20b   the DDP notebook through papermill on a stand-in written here (all 24 layers, MXFP4 experts), num_gpus 1,
-#           torch_compile True then False, 8 steps, no merge.
+#           8 steps, no merge, the runs named in GPT_OSS_NB20B_RUNS (default "compiled eager": torch_compile True
+#           then False; "compiled_checkpointing": compiled with `gradient_checkpointing: true` in its config file, a
+#           setting the notebook otherwise leaves to the memory planner). The stand-in stays for a later call on the same machine.
 #   nb120b  the FSDP notebook the same way, GPT_OSS_120B_NOTEBOOK_LAYERS layers (default 4), torch_compile True then False.
 # --packing packs as the notebooks do: padding-free rows whose conversations attend only to themselves
 # (nbhelpers.training.packing.mask_packed_sequences; before 2026-12-06 they attended to each other).
@@ -83,10 +85,14 @@ pm() {  # pm NOTEBOOK RUN -p ...: executed into $out/RUN.ipynb, output_dir $out/
 weights=(--weights); [[ $size == tiny ]] && weights=()
 mkdir -p "$models"
 if [[ $stages == *" nb20b "* ]]; then
-  python3 tests/standins.py make gpt-oss-20b --size "$size" "${weights[@]}" --mxfp4 --out "$models/gpt-oss-20b"
-  pm notebooks/trl/ddp_gpt_oss_20b.ipynb nb_20b_compiled -p model_name_or_path "$models/gpt-oss-20b" -p torch_compile True
-  pm notebooks/trl/ddp_gpt_oss_20b.ipynb nb_20b_eager -p model_name_or_path "$models/gpt-oss-20b" -p torch_compile False
-  rm -rf "$models/gpt-oss-20b"
+  [ -e "$models/gpt-oss-20b/config.json" ] ||
+    python3 tests/standins.py make gpt-oss-20b --size "$size" "${weights[@]}" --mxfp4 --out "$models/gpt-oss-20b"
+  echo "gradient_checkpointing: true" > "$out/checkpointing.yml"  # an SFTConfig field, through the notebook's config
+  declare -A nb20b=([compiled]="-p torch_compile True" [eager]="-p torch_compile False"
+                    [compiled_checkpointing]="-p torch_compile True -p config $out/checkpointing.yml")
+  for run20 in ${GPT_OSS_NB20B_RUNS:-compiled eager}; do
+    pm notebooks/trl/ddp_gpt_oss_20b.ipynb "nb_20b_$run20" -p model_name_or_path "$models/gpt-oss-20b" ${nb20b[$run20]}
+  done
 fi
 if [[ $stages == *" nb120b "* ]]; then
   python3 tests/standins.py make gpt-oss-120b --size "$size" "${weights[@]}" --mxfp4 \

@@ -15,7 +15,7 @@ import sys
 
 from nbhelpers.planner.plan import LABELS, load_model, plan
 
-__all__ = ["WillNotFit", "check_fits", "visible_gpus"]
+__all__ = ["WillNotFit", "check_fits", "gradient_checkpointing_to_fit", "visible_gpus"]
 
 
 class WillNotFit(MemoryError):
@@ -32,7 +32,8 @@ def visible_gpus() -> list[tuple[str, float]]:
 
 def check_fits(model, technique: str, *, gpus: int | None = None, lora_rank: int | None = None,
                quantization: str | None = None, seq_len: int = 2048, micro_batch: int = 1, checkpointing: bool = False,
-               attention: str | None = None, fused_adamw: bool = False, gradient_as_bucket_view: bool = False):
+               attention: str | None = None, fused_adamw: bool = False, gradient_as_bucket_view: bool = False,
+               chunked_loss: bool = False):
     """Print the planner's one-line verdict for training `model` with `technique` ("ddp", "fsdp", "zero3", ...) on
     `gpus` of the GPUs this process sees (None: all of them); return the Plan, or None where no GPU is visible.
 
@@ -46,7 +47,7 @@ def check_fits(model, technique: str, *, gpus: int | None = None, lora_rank: int
     name, memory = here[0][0], min(gib for _, gib in here[:gpus])
     options = dict(lora_rank=lora_rank, quantization=quantization, seq_len=seq_len, micro_batch=micro_batch,
                    checkpointing=checkpointing, attention=attention, fused_adamw=fused_adamw,
-                   gradient_as_bucket_view=gradient_as_bucket_view, suggest=False)
+                   gradient_as_bucket_view=gradient_as_bucket_view, chunked_loss=chunked_loss, suggest=False)
     built = load_model(model)  # on the meta device, once for every plan below
     verdict = plan(built, gpus=gpus, gpu_memory_gib=memory, **options)
     needed = verdict.estimate(technique)
@@ -61,6 +62,22 @@ def check_fits(model, technique: str, *, gpus: int | None = None, lora_rank: int
         f"{shape}: about {needed.total:.1f} GiB per GPU are needed and one GPU has {memory:.1f}, so it would run out "
         f"of memory after loading. What would fit: {'; '.join(instead) or 'nothing the planner knows of here'}. "
         "(To try anyway, set check_memory=False.)")
+
+
+def gradient_checkpointing_to_fit(model, technique: str, gradient_checkpointing: bool | None = None, **shape) -> bool:
+    """Whether to checkpoint activations (check_fits' arguments in `shape`): `gradient_checkpointing` where it is
+    given, checked like check_fits; None: off where the planner says the run fits without it (recomputing every
+    layer in the backward costs about a third of a step), on where only that fits, off without GPUs. One line of
+    verdict either way; WillNotFit where nothing fits."""
+    if gradient_checkpointing is not None:
+        check_fits(model, technique, checkpointing=gradient_checkpointing, **shape)
+        return gradient_checkpointing
+    try:
+        check_fits(model, technique, checkpointing=False, **shape)
+        return False
+    except WillNotFit:
+        check_fits(model, technique, checkpointing=True, **shape)
+        return True
 
 
 def _what_would_fit(built, technique, gpus, memory, options, verdict) -> list[str]:

@@ -67,7 +67,10 @@ These match the bytes autograd saves (tests/test_plan.py counts them with saved-
 The loss head adds, per token: the final norm, the lm_head input and 12*vocab bytes: transformers upcasts
 the logits to fp32 for the cross-entropy, and at the start of backward the saved log-softmax (4V), its
 gradient (4V) and the logits' gradient (4V) coexist with every layer's activations. For vocabularies of
-128k-200k tokens this is often the largest single term (a fused/chunked cross-entropy removes it).
+128k-200k tokens this is often the largest single term. A chunked loss (chunked_loss=True: TRL's SFTTrainer, whose
+fused LM head computes the log-probabilities tile by tile, never the whole logits) keeps instead the targets, the
+log-normaliser and the entropy: 16 bytes per token (its fp32 tile, 4,096 tokens by a slice of the vocabulary, is
+tens of MB once: ignored).
 Full activation checkpointing keeps each layer's input (2h, or 4h fp32 under autocast) plus one layer
 recomputed during backward; the loss head is not checkpointed.
 
@@ -271,7 +274,7 @@ def count_parameters(model, lora_rank: int | None = None, lora_targets=LORA_ALL_
 # Activations (formula and its derivation: module docstring)
 # --------------------------------------------------------------------------------------------------
 def activation_bytes_per_token(config, seq_len: int, attention: str, fp32_residual: bool = False,
-                               linear_attention: str = "torch") -> dict:
+                               linear_attention: str = "torch", chunked_loss: bool = False) -> dict:
     """Bytes saved for backward per token: {"layers": each decoder layer in order, "layer": the largest,
     "head": final norm + loss head at its peak, "checkpoint": what a checkpointed layer keeps}.
     linear_attention: "torch" or "fla", the Gated DeltaNet implementation (hybrid models only)."""
@@ -285,7 +288,7 @@ def activation_bytes_per_token(config, seq_len: int, attention: str, fp32_residu
     def norm(width, vectors=1):  # fp32 input copy + normalised value for the weight's grad + 1/rms
         return (4 + (4 if fp32_norms else 2)) * width + 4 * vectors
 
-    head = norm(h) + 2 * h + 12 * vocab
+    head = norm(h) + 2 * h + (16 if chunked_loss else 12 * vocab)
     checkpoint = (4 if fp32_residual else 2) * h
     if "linear_attention" in (getattr(config, "layer_types", None) or []):
         per_type = _hybrid_layer_bytes(config, seq_len, attention, fp32_residual, linear_attention, norm)
@@ -349,8 +352,8 @@ def _sliding_fraction(config) -> float:
 
 
 def activation_bytes(config, seq_len: int, micro_batch: int, checkpointing: bool, attention: str,
-                     fp32_residual: bool = False, linear_attention: str = "torch") -> int:
-    per_token = activation_bytes_per_token(config, seq_len, attention, fp32_residual, linear_attention)
+                     fp32_residual: bool = False, linear_attention: str = "torch", chunked_loss: bool = False) -> int:
+    per_token = activation_bytes_per_token(config, seq_len, attention, fp32_residual, linear_attention, chunked_loss)
     depth = config.num_hidden_layers
     if checkpointing:  # every layer's input, then one layer recomputed while the head is gone
         per = depth * per_token["checkpoint"] + max(per_token["head"], per_token["layer"])
@@ -472,6 +475,7 @@ class Plan:
     offload_estimates: list[Estimate] = field(default_factory=list)  # OFFLOAD_TECHNIQUES
     fused_adamw: bool = False
     gradient_as_bucket_view: bool = False
+    chunked_loss: bool = False
 
     def estimate(self, technique: str) -> Estimate:
         return next(e for e in self.estimates + self.offload_estimates if e.technique == technique)
@@ -519,7 +523,8 @@ def plan(model, gpus: int = 1, gpu_memory_gib: float = 80.0, precision: str = "b
          lora_rank: int | None = None, lora_targets=LORA_ALL_LINEAR, seq_len: int = 2048, micro_batch: int = 1,
          checkpointing: bool = False, attention: str | None = None, suggest: bool = True,
          quantization: str | None = None, cpu_memory_gib: float | None = None, gpus_per_node: int | None = None,
-         linear_attention: str = "torch", fused_adamw: bool = False, gradient_as_bucket_view: bool = False) -> Plan:
+         linear_attention: str = "torch", fused_adamw: bool = False, gradient_as_bucket_view: bool = False,
+         chunked_loss: bool = False) -> Plan:
     """Estimate per-GPU memory of each technique and pick one (see the module docstring for the model).
 
     model: a stand-in name, hub id, model folder, transformers config or built model, or the (name, model)
@@ -536,6 +541,7 @@ def plan(model, gpus: int = 1, gpu_memory_gib: float = 80.0, precision: str = "b
     (DDP and FSDP2 rows; DeepSpeed keeps its own optimizer).
     gradient_as_bucket_view: DDP(gradient_as_bucket_view=True): the gradients are views into DDP's all-reduce
     buckets, not a second copy beside them (the DDP row on several GPUs).
+    chunked_loss: the loss never holds the whole logits (TRL's SFTTrainer): 16 bytes a token instead of 12 x vocab.
     """
     if not isinstance(gpus, int) or gpus < 1:
         raise ValueError(f"gpus must be a whole number >= 1, not {gpus!r}")
@@ -570,7 +576,7 @@ def plan(model, gpus: int = 1, gpu_memory_gib: float = 80.0, precision: str = "b
         terms = state_bytes(technique, counts, gpus, precision, fused_adamw, gradient_as_bucket_view)
         fp32_residual = technique == "ddp" and precision == "bf16-mixed" and not lora_rank  # autocast on fp32 weights
         terms["activations"] = activation_bytes(config, seq_len, micro_batch, checkpointing, attention, fp32_residual,
-                                                linear_attention)
+                                                linear_attention, chunked_loss)
         backward = terms["gradients_held"] + terms["activations"]
         step = terms["gradients"] + terms["temporaries"]
         allocated = terms["parameters"] + terms["optimizer"] + max(backward, step)
@@ -593,7 +599,7 @@ def plan(model, gpus: int = 1, gpu_memory_gib: float = 80.0, precision: str = "b
                   offload=offload, gpus_per_node=gpus_per_node, cpu_memory_gib=cpu_memory_gib,
                   linear_attention=linear_attention if hybrid else None,
                   offload_estimates=estimates[len(TECHNIQUES):], fused_adamw=fused_adamw,
-                  gradient_as_bucket_view=gradient_as_bucket_view)
+                  gradient_as_bucket_view=gradient_as_bucket_view, chunked_loss=chunked_loss)
     if suggest and recommended is None:
         result.suggestions = _suggestions((name, meta_model), result, lora_targets, quantization)
     return result
@@ -630,7 +636,8 @@ def _suggestions(model, failed: Plan, lora_targets, quantization) -> list[str]:
                   lora_rank=lora_rank, lora_targets=lora_targets, seq_len=failed.seq_len,
                   micro_batch=failed.micro_batch, checkpointing=failed.checkpointing, attention=failed.attention,
                   suggest=False, quantization=quantization, linear_attention=failed.linear_attention or "torch",
-                  fused_adamw=failed.fused_adamw, gradient_as_bucket_view=failed.gradient_as_bucket_view)
+                  fused_adamw=failed.fused_adamw, gradient_as_bucket_view=failed.gradient_as_bucket_view,
+                  chunked_loss=failed.chunked_loss)
     counts = [failed.gpus] + [g for g in (2, 4, 8, 16, 32, 64, 128, 256) if g > failed.gpus]
     alternatives = [("more GPUs", {})]
     if not failed.checkpointing:
@@ -695,6 +702,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "flash-linear-attention + causal-conv1d")
     parser.add_argument("--fused-adamw", action="store_true",
                         help="torch.optim.AdamW(fused=True), as the FSDP2 recipe on GPUs: no sqrt(v) step temporary")
+    parser.add_argument("--chunked-loss", action="store_true",
+                        help="the loss never holds the whole logits (TRL's SFTTrainer): 16 bytes a token, not 12 x vocab")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON (every term, GiB per GPU)")
     return parser
 
@@ -709,7 +718,7 @@ def main(argv=None) -> None:
                       micro_batch=args.micro_batch, checkpointing=args.checkpointing, attention=args.attention,
                       quantization=args.quantization, cpu_memory_gib=args.cpu_memory,
                       gpus_per_node=args.gpus_per_node, linear_attention=args.linear_attention,
-                      fused_adamw=args.fused_adamw)
+                      fused_adamw=args.fused_adamw, chunked_loss=args.chunked_loss)
     except ValueError as error:
         parser.error(str(error))
     print(json.dumps(result.to_dict(), indent=2) if args.json else result)

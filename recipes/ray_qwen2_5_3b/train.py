@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import io
 import os
 import random
@@ -47,7 +46,7 @@ from ray.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 import nbhelpers
-from nbhelpers.planner.fits import WillNotFit, check_fits
+from nbhelpers.planner.fits import gradient_checkpointing_to_fit
 from nbhelpers.training import checkpoints
 
 HERE = Path(__file__).resolve().parent
@@ -170,17 +169,9 @@ def use_gradient_checkpointing(config: dict, rank: int, world_size: int) -> bool
     Rank 0 says the planner's verdict in one line (every worker comes to the same)."""
     shape = dict(gpus=world_size, seq_len=config["max_length"], micro_batch=config["per_device_train_batch_size"],
                  fused_adamw=True, gradient_as_bucket_view=True)  # as train_loop_per_worker trains
-    verdict = functools.partial(check_fits, config["model_name_or_path"], "ddp", **shape)
     with contextlib.redirect_stderr(sys.stderr if rank == 0 else io.StringIO()):
-        if config["gradient_checkpointing"] is not None:
-            verdict(checkpointing=config["gradient_checkpointing"])
-            return config["gradient_checkpointing"]
-        try:
-            verdict(checkpointing=False)
-            return False
-        except WillNotFit:
-            verdict(checkpointing=True)  # raises WillNotFit, with what would fit, where even this does not
-            return True
+        return gradient_checkpointing_to_fit(config["model_name_or_path"], "ddp", config["gradient_checkpointing"],
+                                             **shape)
 
 
 def train_loop_per_worker(config: dict) -> list[dict]:
