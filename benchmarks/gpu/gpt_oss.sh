@@ -15,7 +15,8 @@
 #   nb20b   the DDP notebook through papermill on a stand-in written here (all 24 layers, MXFP4 experts), num_gpus 1,
 #           8 steps, no merge, the runs named in GPT_OSS_NB20B_RUNS (default "compiled eager": torch_compile True
 #           then False; "compiled_checkpointing": compiled with `gradient_checkpointing: true` in its config file, a
-#           setting the notebook otherwise leaves to the memory planner). The stand-in stays for a later call on the same machine.
+#           setting the notebook otherwise leaves to the memory planner; "compiled_no_checkpointing": false, the
+#           planner not asked, for a GPU where it plans too little room). The stand-in stays for a later call on the same machine.
 #   nb120b  the FSDP notebook the same way, GPT_OSS_120B_NOTEBOOK_LAYERS layers (default 4), torch_compile True then False.
 # --packing packs as the notebooks do: padding-free rows whose conversations attend only to themselves
 # (nbhelpers.training.packing.mask_packed_sequences; before 2026-12-06 they attended to each other).
@@ -88,8 +89,10 @@ if [[ $stages == *" nb20b "* ]]; then
   [ -e "$models/gpt-oss-20b/config.json" ] ||
     python3 tests/standins.py make gpt-oss-20b --size "$size" "${weights[@]}" --mxfp4 --out "$models/gpt-oss-20b"
   echo "gradient_checkpointing: true" > "$out/checkpointing.yml"  # an SFTConfig field, through the notebook's config
+  echo "gradient_checkpointing: false" > "$out/no_checkpointing.yml"
   declare -A nb20b=([compiled]="-p torch_compile True" [eager]="-p torch_compile False"
-                    [compiled_checkpointing]="-p torch_compile True -p config $out/checkpointing.yml")
+                    [compiled_checkpointing]="-p torch_compile True -p config $out/checkpointing.yml"
+                    [compiled_no_checkpointing]="-p torch_compile True -p config $out/no_checkpointing.yml -p check_memory False")
   for run20 in ${GPT_OSS_NB20B_RUNS:-compiled eager}; do
     pm notebooks/trl/ddp_gpt_oss_20b.ipynb "nb_20b_$run20" -p model_name_or_path "$models/gpt-oss-20b" ${nb20b[$run20]}
   done
