@@ -80,6 +80,22 @@ def notebook_run(tmp_path_factory, standin):
 
 
 @pytest.fixture(autouse=True)
+def interrupts_left_as_they_were():
+    """A test that leaves this process's SIGINT handler changed fails, named: every process a later test starts would
+    inherit an ignored SIGINT (2026-12-06: test_a_second_interrupt_during_the_stop_leaves_no_rank_running found its
+    script started with SIGINT ignored, after other tests in the same pytest worker). The handler is put back."""
+    import signal
+
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    after = signal.getsignal(signal.SIGINT)
+    if after is not before:
+        if before is not None:  # None: a handler installed from C, which cannot be put back
+            signal.signal(signal.SIGINT, before)
+        pytest.fail(f"this test left SIGINT's handler {after!r} (it was {before!r})")
+
+
+@pytest.fixture(autouse=True)
 def no_mlflow_store_chosen(monkeypatch):
     """Each test starts without MLFLOW_TRACKING_URI: mlflow.set_tracking_uri() in an earlier test sets it in this
     process, and the notebooks and recipes a test starts would track into that test's store instead of their own."""

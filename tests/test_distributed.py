@@ -801,6 +801,25 @@ def test_a_second_interrupt_during_the_stop_leaves_no_rank_running(tmp_path):
         proc.wait()
 
 
+def test_an_interrupt_arriving_as_the_stop_starts_ignoring_them_leaves_the_handler_as_it_was(monkeypatch):
+    """A SIGINT that arrives while the stop sets SIGINT to be ignored is raised right after that call returns: the
+    handler must still be put back, or the process (a notebook's kernel) ignores every later interrupt, and so does
+    every process it starts."""
+    set_handler = signal.signal
+
+    def set_then_interrupted(signum, handler):
+        previous = set_handler(signum, handler)
+        if handler is signal.SIG_IGN:
+            raise KeyboardInterrupt  # the pending interrupt, raised at the next bytecode
+        return previous
+
+    monkeypatch.setattr(signal, "signal", set_then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with local_engine._interrupts_ignored():
+            pass
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 class _InterruptOnSecondEntry:
     """A stand-in for _main_module_not_rerun whose second entry (rank 1's start) is interrupted."""
 

@@ -307,8 +307,8 @@ def _interrupts_ignored():
     if previous is None:  # a handler installed from C: it could not be put back, and SIGINT would stay ignored after
         yield  # (ignored, it is inherited by every process started later, which then never sees an interrupt)
         return
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
+    try:  # set inside: an interrupt that arrives while it is being set is raised within the try, and undone
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
