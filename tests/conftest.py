@@ -81,9 +81,8 @@ def notebook_run(tmp_path_factory, standin):
 
 @pytest.fixture(autouse=True)
 def interrupts_left_as_they_were():
-    """A test that leaves this process's SIGINT handler changed fails, named: every process a later test starts would
-    inherit an ignored SIGINT (2026-12-06: test_a_second_interrupt_during_the_stop_leaves_no_rank_running found its
-    script started with SIGINT ignored, after other tests in the same pytest worker). The handler is put back."""
+    """A test that leaves this process's SIGINT handler changed fails, named (an ignored SIGINT would be inherited by
+    every process a later test starts). The handler is put back."""
     import signal
 
     before = signal.getsignal(signal.SIGINT)
