@@ -94,6 +94,7 @@ if [[ $stages == *" nb20b "* ]]; then
                     [compiled_checkpointing]="-p torch_compile True -p config $out/checkpointing.yml"
                     [compiled_no_checkpointing]="-p torch_compile True -p config $out/no_checkpointing.yml -p check_memory False")
   for run20 in ${GPT_OSS_NB20B_RUNS:-compiled eager}; do
+    [[ -v nb20b[$run20] ]] || { echo "GPT_OSS_NB20B_RUNS: no run '$run20' (runs: ${!nb20b[*]})" >&2; continue; }
     pm notebooks/trl/ddp_gpt_oss_20b.ipynb "nb_20b_$run20" -p model_name_or_path "$models/gpt-oss-20b" ${nb20b[$run20]}
   done
 fi
