@@ -21,6 +21,9 @@ from make_image_folders import make_image_folders  # noqa: E402
 # Ray Train's preemption watcher (node-drain notices, irrelevant here) costs one more process per
 # worker group on a 2-core machine.
 RECIPE_TEST_SETTINGS = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
+# Under pytest-timeout's 600 s (pyproject.toml), so that a recipe that hangs is killed by run_workload, whose failure
+# shows the recipe's log, rather than by pytest, which shows only the test's own stack. Alone, a run takes about 170 s.
+WORKLOAD_TIMEOUT_S = 480
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +50,7 @@ def test_ray_resnet50_resumes_from_its_last_checkpoint_after_a_worker_is_killed_
     metrics, platform_run = run_recipe("ray_resnet50", {
         "dataset_name": images, "weights": "none", "num_train_epochs": 3, "per_device_train_batch_size": 16,
         "image_size": 32, "dataloader_num_workers": 0, "fail_once_at_epoch": 1,
-    }, ray_cluster, tmp_path, timeout=600)
+    }, ray_cluster, tmp_path, timeout=WORKLOAD_TIMEOUT_S)
     assert metrics["killed_worker"], "the test hook did not kill a worker"
     epochs = metrics["epochs"]
     assert [e["epoch"] for e in epochs] == [0, 1, 2], "an epoch ran twice or not at all: not resumed from the checkpoint"
@@ -80,7 +83,7 @@ def test_ray_qwen2_5_3b_resumes_from_its_checkpoint_after_a_worker_is_killed_and
         "model_name_or_path": standin("qwen2.5-3b"), "dataset_name": REPO / "data" / "alpaca",
         "max_length": 128, "max_steps": 30, "learning_rate": 2e-3, "logging_steps": 5,
         "timing_warmup_steps": 2, "save_steps": 10, "fail_once_at_step": 12,
-    }, ray_cluster, tmp_path, timeout=600)
+    }, ray_cluster, tmp_path, timeout=WORKLOAD_TIMEOUT_S)
     assert metrics["killed_worker"], "the test hook did not kill a worker"
     assert metrics["world_size"] == 2
     assert [h["step"] for h in metrics["history"]] == [5, 10, 15, 20, 25, 30]  # each once, across the restart

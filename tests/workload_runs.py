@@ -97,11 +97,12 @@ def run_workload(recipe: str, parameters: dict, tmp_path: Path, *, env: dict | N
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
             proc.wait(timeout=timeout)
+            outcome = f"failed ({proc.returncode})"
         except subprocess.TimeoutExpired:
-            pass
+            outcome = f"did not finish in {timeout} s (killed)"
         finally:
             kill_process_tree(proc)
-    assert proc.returncode == 0, (f"{recipe}'s workload command failed ({proc.returncode}):\n"
+    assert proc.returncode == 0, (f"{recipe}'s workload command {outcome}:\n"
                                   f"{shlex.quote(spec['command'])}\n{log.read_text()[-6000:]}")
     assert pip_calls.read_text().splitlines() == [str(REPO), "install --no-deps -e ."], pip_calls.read_text()
     metrics = json.loads((output_dir / "metrics.json").read_text())
