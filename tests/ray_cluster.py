@@ -41,7 +41,7 @@ QUIET_LOOPBACK_ENV = {
     "RAY_DEDUP_LOGS": "0",
     "RAY_raylet_start_wait_time_s": "180",  # a loaded 2-core CI machine registers nodes slowly (default 60)
     # Ray runs its workers at nice 15 (RayConfig worker_niceness), so that its own servers come first on a busy node.
-    # Beside the suite's other streams (notebooks, ranks, all at nice 0) such a worker got about 3 % of a core: a
+    # Beside the suite's other streams (notebooks, ranks, all at nice 0) such a worker got 6 % of a core (top): a
     # recipe's ResNet-50 still building its model after 8 minutes, and the test timed out (CI of 2026-12-07).
     "RAY_worker_niceness": "0",
 }
