@@ -19,6 +19,8 @@ import nbformat
 import papermill
 import yaml
 
+import forked_kernels
+
 REPO = Path(__file__).resolve().parents[1]
 HOOKS = REPO / "tests" / "hooks"  # sitecustomize.py + cookbook_hooks.py: see cookbook_hooks.py
 OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne}
@@ -95,6 +97,7 @@ def run_notebook(case, workdir: Path, standin=None):
             parameters[name] = str(path)
     executed = workdir / Path(case.notebook).name
     require_kernel(case.kernel)
+    forked_kernels.start(case.kernel)  # before hooks_in_kernel changes the environment for this kernel
     with hooks_in_kernel(case.hooks, workdir / "hooks", cpu_fixes=case.cpu_fixes):
         papermill.execute_notebook(
             str(notebook),
@@ -104,6 +107,7 @@ def run_notebook(case, workdir: Path, standin=None):
             execution_timeout=case.timeout,
             kernel_name=case.kernel,
             progress_bar=False,
+            kernel_manager_class=forked_kernels.ForkedKernelManager,
         )
     metrics = json.loads((output_dir / "metrics.json").read_text())
     if case.hooks:  # for expectations such as "hooks.record_checkpoint_writers.ranks"
@@ -175,7 +179,8 @@ def hooks_in_kernel(hooks: tuple, folder: Path, cpu_fixes: bool = True):
     added = {}
     if hooks:
         _hook_module().parse(",".join(hooks))  # an unknown name fails here, not as a warning in the kernel's log
-        added = {"PYTHONPATH": os.pathsep.join(filter(None, [str(HOOKS), os.environ.get("PYTHONPATH")])),
+        path = os.environ.get("PYTHONPATH", "").split(os.pathsep)  # conftest.py has put tests/hooks there already
+        added = {"PYTHONPATH": os.pathsep.join(filter(None, path if str(HOOKS) in path else [str(HOOKS), *path])),
                  "COOKBOOK_TEST_HOOKS": ",".join(hooks), "COOKBOOK_TEST_HOOKS_DIR": str(folder)}
         if not cpu_fixes:
             added["COOKBOOK_CPU_FIXES"] = "0"
