@@ -17,12 +17,12 @@ print(json.dumps({"session_leader": os.getsid(0) == os.getpid(), "argv0": os.pat
 """
 
 
-def run_in_kernel(manager_class, code: str, env=None) -> tuple[dict, object]:
-    """Start a kernel with `manager_class` in the notebooks' folder, run `code`, return (its JSON output, the process
-    its provisioner manages)."""
+def run_in_kernel(manager_class, code: str, env: dict) -> tuple[dict, object]:
+    """Start a kernel with `manager_class` in the notebooks' folder with environment `env`, run `code`, return (its
+    JSON output, the process its provisioner manages)."""
     async def run():
         manager = manager_class(kernel_name="python3")
-        await manager.start_kernel(cwd=NOTEBOOKS, env={**os.environ, **(env or {})})
+        await manager.start_kernel(cwd=NOTEBOOKS, env=env)
         client = manager.client()
         client.start_channels()
         try:
@@ -40,9 +40,9 @@ def run_in_kernel(manager_class, code: str, env=None) -> tuple[dict, object]:
 
 
 def test_a_forked_kernel_runs_in_a_process_like_the_one_jupyter_starts():
-    zygote = forked_kernels.start("python3")
-    fresh, fresh_process = run_in_kernel(AsyncKernelManager, PROCESS)
-    forked, forked_process = run_in_kernel(forked_kernels.ForkedKernelManager, PROCESS)
+    zygote = forked_kernels.start("python3")  # (its environment: this process's when it started, tests before changed)
+    fresh, fresh_process = run_in_kernel(AsyncKernelManager, PROCESS, zygote.env)
+    forked, forked_process = run_in_kernel(forked_kernels.ForkedKernelManager, PROCESS, zygote.env)
     assert type(forked_process).__name__ == "_ForkedProcess" and type(fresh_process).__name__ == "Popen"
     ignored = {"JPY_SESSION_NAME", "PYTEST_CURRENT_TEST"}  # the connection differs; the test's name is pytest's
     # the forked kernel's libraries are imported: what they set in the environment (Lightning, PEFT, MLflow) is set
@@ -55,8 +55,8 @@ def test_a_forked_kernel_runs_in_a_process_like_the_one_jupyter_starts():
 
 
 def test_a_kernel_whose_environment_differs_from_the_zygotes_is_started_by_jupyter():
-    forked_kernels.start("python3")
+    zygote = forked_kernels.start("python3")
     seen, process = run_in_kernel(forked_kernels.ForkedKernelManager,
                                   "import json, os; print(json.dumps(os.environ.get('COOKBOOK_CPU_FIXES')))",
-                                  env={"COOKBOOK_CPU_FIXES": "0"})  # tests/hooks/sitecustomize.py reads it at a start
+                                  {**zygote.env, "COOKBOOK_CPU_FIXES": "0"})  # sitecustomize.py reads it at a start
     assert seen == "0" and type(process).__name__ == "Popen"
