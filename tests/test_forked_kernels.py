@@ -9,11 +9,12 @@ from jupyter_client.manager import AsyncKernelManager
 NOTEBOOKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "notebooks")
 # What a notebook's code could tell about the process it runs in.
 PROCESS = """
-import json, os, signal, sys, threading
+import json, os, re, signal, sys, threading
 print(json.dumps({"session_leader": os.getsid(0) == os.getpid(), "argv0": os.path.basename(sys.argv[0]),
                   "path": sys.path, "cwd": os.getcwd(), "env": dict(os.environ), "stdin": sys.stdin.read(),
-                  "sigint": repr(signal.getsignal(signal.SIGINT)), "threads": sorted(t.name for t in threading.enumerate()),
-                  "executable": sys.executable, "flags": repr(sys.flags)}))
+                  "sigint": repr(signal.getsignal(signal.SIGINT)), "executable": sys.executable, "flags": repr(sys.flags),
+                  # an unnamed thread's number counts the Thread objects made before it, in the zygote too
+                  "threads": sorted(re.sub(r"Thread-\\d+", "Thread-N", t.name) for t in threading.enumerate())}))
 """
 
 
