@@ -36,8 +36,8 @@ def _serve(fd: int) -> None:
     for name in PRELOAD:
         try:
             __import__(name)
-        except ModuleNotFoundError as e:
-            if e.name != name.partition(".")[0]:  # not installed in this environment (Lightning beside Axolotl)
+        except ModuleNotFoundError as e:  # the package itself is not installed here: none to preload (Lightning
+            if e.name != name.partition(".")[0]:  # beside Axolotl); one of its own imports missing is an error
                 error = f"importing {name} failed: {e!r}"
         except Exception as e:
             error = f"importing {name} failed: {e!r}"
@@ -47,7 +47,7 @@ def _serve(fd: int) -> None:
     threads = [open(f"/proc/self/task/{task}/comm").read().strip() for task in os.listdir("/proc/self/task")
                if int(task) != os.getpid()]
     # jemalloc (pyarrow's allocator, under MLflow and datasets) starts a background thread; it is made to be forked:
-    # its fork handlers take its locks before the fork, and a child starts its own thread when it needs one
+    # its fork handlers take its locks before the fork and reset its background threads' state in the child
     threads = [name for name in threads if name != "jemalloc_bg_thd"]
     if threads and not error:
         error = f"importing {', '.join(PRELOAD)} started threads {threads}: a fork would not copy them"
