@@ -9,7 +9,8 @@ from __future__ import annotations
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "H800": 989e12, "A100": 312e12, "A800": 312e12, "L40S": 362e12}
 
 FLOP_FORMULA = ("flops/token = 6 * N + 12 * L * H * S + 18 * L_lin * nv * dk * dv  (N: parameters used in matmuls "
-                "= all parameters minus an untied input embedding; L softmax-attention layers; H = attention heads * "
+                "= all parameters minus an untied input embedding, a mixture of experts' experts at top-k / experts of "
+                "their size; L softmax-attention layers; H = attention heads * "
                 "head_dim; S sequence length; L_lin linear-attention (Gated DeltaNet) layers of nv value heads and key/"
                 "value head dims dk, dv, counted in the delta rule's recurrent form: read k.S, write the rank-1 update, "
                 "read q.S, 2 dk dv each per head and token forward; forward + backward, no recompute counted; softmax "
@@ -17,13 +18,19 @@ FLOP_FORMULA = ("flops/token = 6 * N + 12 * L * H * S + 18 * L_lin * nv * dk * d
 
 
 def matmul_parameters(model) -> int:
-    """Parameters that take part in a matmul: every parameter, minus the input embedding unless it is
-    tied to the output layer (a lookup costs no FLOPs; the tied matrix is counted once, for the lm_head)."""
+    """Parameters that take part in a token's matmuls: every parameter, minus the input embedding unless it is
+    tied to the output layer (a lookup costs no FLOPs; the tied matrix is counted once, for the lm_head). In a
+    mixture of experts (GPT-OSS) a token passes through top-k of the experts: their weights count top-k / experts."""
     total = sum(p.numel() for p in model.parameters())
     embedding = model.get_input_embeddings().weight
     output = model.get_output_embeddings()
     tied = output is not None and output.weight is embedding
-    return total if tied else total - embedding.numel()
+    experts = getattr(model.config, "num_local_experts", 0) or 0
+    unused = 0
+    if experts:
+        share = model.config.num_experts_per_tok / experts
+        unused = (1 - share) * sum(p.numel() for name, p in model.named_parameters() if ".experts." in name)
+    return round((total if tied else total - embedding.numel()) - unused)
 
 
 def flops_per_token(model, seq_len: int) -> float:
