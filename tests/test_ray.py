@@ -155,6 +155,27 @@ def test_a_rank_whose_process_dies_is_named_with_its_last_output():
     assert_nothing_left()
 
 
+def test_a_rank_that_dies_in_a_collective_is_named_not_the_peer_whose_collective_broke():
+    @distributed(engine="ray")
+    def dies_in_a_collective():
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        dist.barrier()
+        if dist.get_rank() == 1:
+            time.sleep(0.2)  # rank 0 waits in all_reduce by now
+            os._exit(0)
+        dist.all_reduce(torch.ones(1))  # fails with "Connection closed by peer", and may be reported first
+        time.sleep(300)
+
+    with pytest.raises(DistributedError) as caught:
+        dies_in_a_collective.distributed()
+    err = caught.value
+    assert err.rank == 1, str(err)
+    assert "rank 1 of 2 died without returning from dies_in_a_collective()" in str(err)
+    assert_nothing_left()
+
+
 def test_a_stall_dumps_every_ranks_python_stack_then_kills_them_on_every_node():
     assert_a_stall_names_every_ranks_stack(6, engine="ray")
     assert_nothing_left()

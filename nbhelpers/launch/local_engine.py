@@ -40,8 +40,8 @@ import types
 from nbhelpers.launch.engine_core import (DEFAULT_CPU_PROCESSES, DistributedError, Printers, ProgressWatch,
                                           RankResults, accelerator_shape, cancelled, check_count, failure_error,
                                           free_port, gpu_type_matches, interrupted, later_failures_text,
-                                          launch_processes, main_thread_stack, save_rank_logs, stall_error,
-                                          stop_processes, timeout_error, torchrun_environment)
+                                          launch_processes, lost_its_peer, main_thread_stack, save_rank_logs,
+                                          stall_error, stop_processes, timeout_error, torchrun_environment)
 from nbhelpers.launch.gpu_lease import GpuLease, LeaseCancelled
 from nbhelpers.launch.payload import read_outcome
 from nbhelpers.launch.system_metrics import RankSampler
@@ -49,6 +49,8 @@ from nbhelpers.launch.system_metrics import RankSampler
 CPU_RANKS_PER_CORE = 2  # without GPUs: more ranks than this per core only time-slice the cores
 TERMINATE_GRACE_S = 2.0  # between SIGTERM and SIGKILL
 BLAME_WINDOW_S = 0.5  # after a first failure: how long to listen for the failure that caused it
+# ... and where every failure so far is a collective that lost its peer: how long to wait for that peer to be seen ending
+PEER_WAIT_S = 10.0
 CANCEL_POLL_S = 0.2  # how soon a cancelled launch in the background notices
 # MLflow's INFO lines (creating tables, monitoring system metrics) arrive on a rank's stderr, which a notebook colours as
 # an error: its warnings and errors only, unless MLFLOW_LOGGING_LEVEL is set (e.g. INFO, in the notebook's environment).
@@ -332,6 +334,16 @@ def _ranks_running(count: int):
             _RANKS_RUNNING[0] -= count
 
 
+def _pidfd(process) -> int | None:
+    """A file descriptor that the kernel makes readable as soon as the rank's process has ended. The process's sentinel
+    becomes readable only once the fork server, its parent, has reaped it and written its exit status: on a loaded
+    machine that came after a peer's report of the broken collective, and the peer was blamed. None where pidfds are
+    missing (Linux < 5.3, not Linux) or the process has ended already: the sentinel, watched too, tells then."""
+    with contextlib.suppress(AttributeError, OSError):
+        return os.pidfd_open(process.pid)
+    return None
+
+
 class _RankProcess:
     """The launcher's view of one rank: its process, its pipes and what it said."""
 
@@ -343,6 +355,7 @@ class _RankProcess:
         self.died = None  # it ended without a result: time.time() before which it was still alive
         self.main_thread = None  # "0x...": its main thread's id in its stack dumps
         self.dump = b""  # the stack dump arriving since the last request
+        self.exit_fd = None  # its pidfd, readable once it has ended (_pidfd)
 
     @property
     def failed(self) -> bool:
@@ -351,6 +364,11 @@ class _RankProcess:
     @property
     def settled(self) -> bool:
         return self.died is not None or self.outcome is not None
+
+    @property
+    def lost_a_peer(self) -> bool:
+        """It raised because a peer went away in a collective: a consequence of another rank's end."""
+        return self.outcome is not None and not self.outcome.ok and lost_its_peer(self.outcome.summary)
 
 
 class _LocalLaunch:
@@ -439,6 +457,9 @@ class _LocalLaunch:
             self.selector.register(res_r.fileno(), selectors.EVENT_READ, (r, "results"))
             self.selector.register(stack_r.fileno(), selectors.EVENT_READ, (r, "stacks"))
             self.selector.register(process.sentinel, selectors.EVENT_READ, (r, "exit"))
+            r.exit_fd = _pidfd(process)
+            if r.exit_fd is not None:
+                self.selector.register(r.exit_fd, selectors.EVENT_READ, (r, "exit"))
         if self.stall_timeout is not None:
             self.watch = ProgressWatch(range(self.world_size), self.stall_timeout)
 
@@ -453,11 +474,14 @@ class _LocalLaunch:
         """Print output until every rank has returned; a failure comes back as an error.
 
         Once a rank has failed, listen a moment longer (BLAME_WINDOW_S) for the failure that caused it:
-        a rank killed in a collective makes its peers fail too ("Connection reset by peer"), and their
-        report may be read first. _blame decides by what happened first. With a stall timeout, every rank is
-        asked for its stacks every `watch.snapshot_every` seconds, and a rank without progress is a stall.
+        a rank that dies or exits in a collective makes its peers fail too ("Connection closed by peer"), and
+        their report may be read first (on a loaded machine a dying rank can close its sockets well before its
+        pipes). Where every failure so far is such a lost peer, wait until the rank that went away is seen
+        ending (PEER_WAIT_S at most): _blame names it, whichever was read first. With a stall timeout, every
+        rank is asked for its stacks every `watch.snapshot_every` seconds, and a rank without progress is a stall.
         """
         settle_by = None  # set at the first failure
+        failing_since = None  # time.monotonic() of the first failure
         polled_at = time.time()  # every rank that has not ended was alive then
         next_snapshot = time.monotonic()
         while True:
@@ -507,8 +531,11 @@ class _LocalLaunch:
                         r.died = alive_before
                 if r.settled and self.watch is not None:
                     self.watch.done(r.rank)
-                if r.failed and settle_by is None:
-                    settle_by = time.monotonic() + BLAME_WINDOW_S
+                if r.failed and failing_since is None:
+                    failing_since = time.monotonic()
+            if failing_since is not None:
+                cause_seen = any(r.failed and not r.lost_a_peer for r in self.ranks)
+                settle_by = failing_since + (BLAME_WINDOW_S if cause_seen else PEER_WAIT_S)
 
     def _read_outcome(self, r, alive_before):
         fd = r.results.fileno()
@@ -555,11 +582,13 @@ class _LocalLaunch:
 
     # -- fail -----------------------------------------------------------------------------------
     def _blame(self) -> DistributedError:
-        """The failure that happened first. A rank that died without a result (a signal, os._exit) is
-        dated by the last moment it was seen alive, and wins a tie: the peers' errors that follow a
-        death ("Connection reset by peer") come after it."""
+        """The failure that happened first, of those that are not a lost peer (where there is one): a rank that
+        ended in a collective makes the others' collectives break, and which of the two is read first depends on
+        the machine's load. A rank that died without a result (a signal, os._exit) is dated by the last moment it
+        was seen alive, and wins a tie."""
         failed = [r for r in self.ranks if r.failed]
-        first = min(failed, key=lambda r: (r.died, 0) if r.died is not None else (r.outcome.failed_at, 1))
+        causes = [r for r in failed if not r.lost_a_peer] or failed
+        first = min(causes, key=lambda r: (r.died, 0) if r.died is not None else (r.outcome.failed_at, 1))
         return self._rank_failed(first, [r for r in failed if r is not first])
 
     def _rank_failed(self, r, also_failed) -> DistributedError:
@@ -569,7 +598,7 @@ class _LocalLaunch:
         if r.outcome is not None:
             return failure_error(r.outcome, rank=r.rank, world_size=self.world_size, name=self.name, context=after,
                                  later_failures=later)
-        r.process.join(2)  # the fork server reports the exit status
+        r.process.join(10)  # the fork server reports the exit status (late, on a loaded machine)
         code = r.process.exitcode
         tail = self.printers.tail(r.rank)
         if code is not None and code < 0:
@@ -697,6 +726,10 @@ class _LocalLaunch:
     def _close_pipes(self):
         self.printers.finish()
         for r in self.ranks:
+            if r.exit_fd is not None:
+                with contextlib.suppress(KeyError):
+                    self.selector.unregister(r.exit_fd)
+                os.close(r.exit_fd)
             for conn in (r.stdout, r.stderr, r.results, r.stacks):
                 with contextlib.suppress(OSError):
                     if conn.fileno() in self.selector.get_map():

@@ -48,8 +48,8 @@ from concurrent.futures import CancelledError
 
 from nbhelpers.launch.engine_core import (DEFAULT_CPU_PROCESSES, DistributedError, Printers, ProgressWatch,
                                           RankResults, cancelled, failure_error, free_port, gpu_type_matches,
-                                          import_ray, main_thread_stack, stall_error, stop_launch_processes,
-                                          torchrun_environment)
+                                          import_ray, later_failures_text, lost_its_peer, main_thread_stack,
+                                          stall_error, stop_launch_processes, torchrun_environment)
 from nbhelpers.launch.payload import read_outcome, run_call
 
 PLACEMENT_TIMEOUT_S = 120.0  # to reserve every rank's bundle before giving up
@@ -57,6 +57,7 @@ START_TIMEOUT_S = 120.0  # then to start the rank actors (a Python process each)
 OUTPUT_POLL_S = 0.5
 STACK_WAIT_S = 15.0  # for fresh stacks after a stall; a rank that answers later is shown by its last snapshot
 CLEANUP_WAIT_S = 5.0
+PEER_WAIT_S = 10.0  # a rank whose collective lost its peer: how long to wait for the peer that went away to be seen
 
 
 def run(name: str, payload: bytes, *, gpus: int | None, output: str, stall_timeout: float | None,
@@ -395,16 +396,21 @@ class _RayLaunch:
 
     # -- watch ----------------------------------------------------------------------------------
     def _supervise(self):
-        """Print output until every rank has returned; the first failure comes back as an error."""
+        """Print output until every rank has returned; the first failure comes back as an error. A rank whose
+        collective broke because a peer went away ("Connection closed by peer") may report before that peer is seen
+        dead: its error is held back until the peer's end arrives (PEER_WAIT_S at most), and the peer is named."""
         import ray
 
         outcomes = {}
         pending = dict(self.refs)
         self.take = self.outbox.take.remote(OUTPUT_POLL_S)
         launched = time.monotonic()
+        held, held_until = None, None  # a rank that lost its peer, and how long its error waits for the peer's end
         while pending:
             if self.cancel is not None and self.cancel.is_set():  # the take answers twice a second: noticed then
                 return outcomes, cancelled(self.label or self.name)
+            if held is not None and time.monotonic() >= held_until:
+                break
             timeout = None
             if self.watch is not None:
                 starting = len(self.started) < self.world_size
@@ -412,9 +418,11 @@ class _RayLaunch:
                     return outcomes, self._stalled()
                 deadline = launched + self._start_limit() if starting else self.watch.deadline()
                 timeout = max(0.0, deadline - time.monotonic())
+            if held is not None:
+                timeout = min(timeout if timeout is not None else PEER_WAIT_S, max(0.0, held_until - time.monotonic()))
             ready, _ = ray.wait([self.take, *pending], num_returns=1, timeout=timeout)
             if not ready:
-                if len(self.started) < self.world_size or self.watch.stalled():
+                if self.watch is not None and (len(self.started) < self.world_size or self.watch.stalled()):
                     return outcomes, self._stalled()
                 continue
             ref = ready[0]
@@ -427,15 +435,25 @@ class _RayLaunch:
             except ray.exceptions.RayActorError as exc:
                 self.dead_ranks.add(rank)
                 self._drain_output()
-                return outcomes, self._rank_died(rank, exc)
+                later = {held: outcomes[held].summary} if held is not None else {}
+                return outcomes, self._rank_died(rank, exc, later)
             if self.watch is not None:
                 self.watch.done(rank)
             self._drain_output()  # the rank returned only once its last output had reached the outbox
             if not outcomes[rank].ok:
-                return outcomes, failure_error(outcomes[rank], rank=rank, world_size=self.world_size, name=self.name,
-                                               context=f"It ran on {self._where(rank)}.\n")
+                if lost_its_peer(outcomes[rank].summary) and pending:
+                    if held is None:
+                        held, held_until = rank, time.monotonic() + PEER_WAIT_S
+                    continue
+                return outcomes, self._rank_failed(rank, outcomes)
         self._drain_output()
+        if held is not None:
+            return outcomes, self._rank_failed(held, outcomes)
         return outcomes, None
+
+    def _rank_failed(self, rank, outcomes) -> DistributedError:
+        return failure_error(outcomes[rank], rank=rank, world_size=self.world_size, name=self.name,
+                             context=f"It ran on {self._where(rank)}.\n")
 
     def _print_taken(self, next_wait: float) -> None:
         """Print what the pending take brought (waiting for it), and start the next take."""
@@ -468,14 +486,15 @@ class _RayLaunch:
         place = self.places[rank]
         return f"node {place['ip']} (node id {place['node_id'][:8]}), pid {place['pid']}"
 
-    def _rank_died(self, rank, exc) -> DistributedError:
+    def _rank_died(self, rank, exc, later: dict) -> DistributedError:
+        """`later`: {rank: error} of the ranks whose collective broke as it went."""
         self.printers.finish()
         cause = str(exc).strip()
         return DistributedError(
             f"rank {rank} of {self.world_size} died without returning from {self.name}() on {self._where(rank)} "
-            f"(killed, out of memory, os._exit, or its node was lost). The other ranks were stopped.\n"
-            f"Ray says: {cause}\nLast output of rank {rank}:\n{self.printers.tail(rank)}",
-            rank=rank,
+            f"(killed, out of memory, os._exit, or its node was lost).\n{later_failures_text(rank, later)}"
+            f"The other ranks were stopped.\nRay says: {cause}\nLast output of rank {rank}:\n{self.printers.tail(rank)}",
+            rank=rank, later_failures=later,
         )
 
     def _start_limit(self) -> float:
