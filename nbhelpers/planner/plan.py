@@ -7,6 +7,8 @@
     plan("olmo-3-7b", gpus=1, lora_rank=16, quantization="nf4")                       # QLoRA: 4-bit frozen base
     python -m nbhelpers.planner qwen3-8b --gpus 2 --gpu-memory 140.4 --micro-batch 4
     python -m nbhelpers.planner qwen3.5-27b --gpus 32 --gpus-per-node 8 --cpu-memory 1800 --json
+    python -m nbhelpers.planner qwen3.8-27b --gpus 32 --seq-len 8192 --checkpointing --linear-attention fla \\
+        --fused-adamw --steps 983   # ... and the time to finish: nbhelpers.planner.time_to_finish
 
 The model is a name of nbhelpers.planner.model_configs.MODELS (the published configs, so it works offline), a hub
 id, a local folder with config.json, a transformers config or a built model. It is built on the meta
@@ -139,6 +141,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+
+from nbhelpers.planner.flops import PEAK_BF16_FLOPS
+from nbhelpers.planner.time_to_finish import time_to_finish, tokens_to_train
 
 GIB = 2**30
 TECHNIQUES = ("ddp", "zero1", "zero2", "fsdp", "zero3")  # everything on the GPUs
@@ -704,6 +709,20 @@ def build_parser() -> argparse.ArgumentParser:
                         help="torch.optim.AdamW(fused=True), as the FSDP2 recipe on GPUs: no sqrt(v) step temporary")
     parser.add_argument("--chunked-loss", action="store_true",
                         help="the loss never holds the whole logits (TRL's SFTTrainer): 16 bytes a token, not 12 x vocab")
+    time = parser.add_argument_group("time to finish (nbhelpers.planner.time_to_finish), with the recommended technique")
+    time.add_argument("--gpu", default="H100", choices=list(PEAK_BF16_FLOPS),
+                      help="the GPU: its dense bf16 peak and the speeds measured on it")
+    time.add_argument("--steps", dest="max_steps", type=int, default=None,
+                      help="max_steps: optimizer steps of gpus x micro-batch x accumulation sequences of seq-len tokens")
+    time.add_argument("--gradient-accumulation-steps", type=int, default=1, help="micro-steps per optimizer step")
+    time.add_argument("--dataset-tokens", type=int, default=None,
+                      help="without --steps: the training data's tokens, trained num-train-epochs times")
+    time.add_argument("--num-train-epochs", type=float, default=1, help="passes over --dataset-tokens")
+    time.add_argument("--torch-compile", action=argparse.BooleanOptionalAction, default=None,
+                      help="torch.compile on or off, for the nearest measured runs; unset: either")
+    time.add_argument("--framework", choices=("trl", "unsloth", "axolotl", "transformers", "pytorch"), default=None,
+                      help="what trains (pytorch: a training loop, as the recipes), for the nearest measured runs")
+    time.add_argument("--price-per-gpu-hour", type=float, default=None, help="to state the cost too")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON (every term, GiB per GPU)")
     return parser
 
@@ -713,7 +732,8 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     targets = args.lora_targets[0] if args.lora_targets == [LORA_ALL_LINEAR] else args.lora_targets
     try:
-        result = plan(args.model, gpus=args.gpus, gpu_memory_gib=args.gpu_memory, precision=args.precision,
+        built = load_model(args.model)
+        result = plan(built, gpus=args.gpus, gpu_memory_gib=args.gpu_memory, precision=args.precision,
                       lora_rank=args.lora_rank, lora_targets=targets, seq_len=args.seq_len,
                       micro_batch=args.micro_batch, checkpointing=args.checkpointing, attention=args.attention,
                       quantization=args.quantization, cpu_memory_gib=args.cpu_memory,
@@ -721,5 +741,19 @@ def main(argv=None) -> None:
                       fused_adamw=args.fused_adamw, chunked_loss=args.chunked_loss)
     except ValueError as error:
         parser.error(str(error))
-    print(json.dumps(result.to_dict(), indent=2) if args.json else result)
+    technique = result.recommended or result.offload
+    took = technique and time_to_finish(
+        built, technique, gpus=args.gpus, gpu=args.gpu, seq_len=args.seq_len, micro_batch=args.micro_batch,
+        gradient_accumulation_steps=args.gradient_accumulation_steps, lora_rank=args.lora_rank,
+        checkpointing=args.checkpointing, torch_compile=args.torch_compile, framework=args.framework,
+        price_per_gpu_hour=args.price_per_gpu_hour,
+        tokens=tokens_to_train(max_steps=args.max_steps, per_device_train_batch_size=args.micro_batch,
+                               gradient_accumulation_steps=args.gradient_accumulation_steps, gpus=args.gpus,
+                               seq_len=args.seq_len, dataset_tokens=args.dataset_tokens,
+                               num_train_epochs=args.num_train_epochs))
+    said = f"time to finish with {LABELS[technique]}: {took}" if took else "time to finish: nothing fits, so no time"
+    if args.json:
+        print(json.dumps({**result.to_dict(), "time_to_finish": took.to_dict() if took else None}, indent=2))
+    else:
+        print(f"{result}\n{said}")
 
