@@ -31,10 +31,10 @@ sys.path.insert(0, str(ROOT))
 from nbhelpers.planner import model_configs  # noqa: E402
 from nbhelpers.planner.flops import PEAK_BF16_FLOPS, flops_per_token  # noqa: E402
 from nbhelpers.planner.time_to_finish import (  # noqa: E402
-    FULL_ROWS, TABLE, Measured, Workload, nearest, scaled_mfu)
+    FULL_ROWS, SHORT_ROWS, TABLE, Measured, Workload, nearest, scaled_mfu)
 
 RESULTS = ROOT / "benchmarks" / "results"
-SHORT = "short rows, padded"  # the notebooks' small test sets: tokens/s counts real tokens, far below batch x max_length
+SHORT = SHORT_ROWS  # the notebooks' small test sets: tokens/s counts real tokens, far below batch x max_length
 SYNTHETIC = "synthetic"
 SHARED = "the GPU or host shared with other runs (its results README says the speed is not clean)"
 PROFILED = "profiled: torch.profiler slows the step"

@@ -71,7 +71,7 @@ def test_the_time_is_tokens_times_flops_per_token_over_gpus_peak_and_mfu(llama):
     assert two.mfu == pytest.approx(0.30)  # measured on 2 GPUs: as measured
 
 
-def test_the_nearest_run_is_the_same_model_then_framework_data_fine_tune_compile_checkpointing_technique_code():
+def test_the_nearest_run_is_the_same_model_and_framework_then_data_fine_tune_compile_checkpointing_technique_code():
     want = Workload("llama-3.2-1b", 16, "full", "fsdp", "H100", 1, 2048, 4, False, False, "pytorch")
     eager, compiled = measured(run="eager"), measured(compiled=True, run="compiled")
     assert nearest(want, [compiled, eager]) == [eager]
@@ -79,6 +79,9 @@ def test_the_nearest_run_is_the_same_model_then_framework_data_fine_tune_compile
     assert nearest(want, [compiled, older]) == [older]  # the setting matters before the code's history
     assert nearest(want, [measured(framework="trl", run="trl"), compiled]) == [compiled]
     assert nearest(replace(want, model="qwen3-8b"), [eager]) == []
+    assert nearest(replace(want, framework="unsloth"), [eager]) == []  # a framework given must have run it
+    short = measured(data="short rows, padded", run="short")  # tokens/s of rows far below max_length
+    assert nearest(want, [short]) == [] and nearest(replace(want, data="short rows, padded"), [short, eager]) == [short]
     deeper = measured(layers=12, run="12 layers")
     assert nearest(replace(want, layers=64), [measured(layers=4, run="4 layers"), deeper]) == [deeper]
     h200 = measured(gpu="H200", run="h200")
@@ -107,9 +110,9 @@ def test_the_wording_names_the_run_and_what_is_assumed_beyond_it(llama):
     assert re.match(r"about 2 min \(1\.3 GPU-hours, cost 3\.89 at 3 per GPU-hour\) on 32 x H100", said), said
     said = str(time_to_finish(llama, gpus=1, tokens=None, **kwargs))
     assert re.match(r"about 0\.\d+ s a step on 1 x H100 at 30 % MFU \(measured: h100x1/x\)$", said), said
-    said = str(time_to_finish(load_model("qwen3-0.6b"), gpus=1, tokens=10**6, **kwargs))
-    assert said.endswith("at 10 % MFU (no measured run of this model: an assumed MFU, the lower quartile of the "
-                         "cookbook's runs)")
+    said = str(time_to_finish(load_model("qwen3-0.6b"), gpus=1, tokens=10**6, framework="trl", **kwargs))
+    assert said.endswith("at 10 % MFU (no measured run of qwen3-0.6b with trl: an assumed MFU, the lower quartile of "
+                         "the cookbook's runs)")
 
 
 def test_durations_and_names_read_as_people_write_them():

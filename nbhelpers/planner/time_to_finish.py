@@ -6,9 +6,9 @@
   full, as packed rows are), or, with max_steps -1, the data set's tokens x num_train_epochs;
 - FLOPs per token: `nbhelpers.planner.flops.flops_per_token`, the MFU formula of the recipes and the guides;
 - MFU: the nearest run of `mfu_table.json`, which `benchmarks/mfu_table.py` makes from `benchmarks/results` (every
-  GPU run of the cookbook with a tokens/s figure it can use). Nearest: the same model, then, in this order, the same
-  framework, data, fine-tune, torch.compile, gradient checkpointing, technique and code (`variant`: today's, or what
-  differed); then the closest depth and sequence length; then one GPU or several, the GPU, the closest micro-batch. Equally near runs: their median.
+  GPU run of the cookbook with a tokens/s figure it can use). Nearest: the same model (and framework, where it is
+  given), then, in this order, the same data, fine-tune, torch.compile, gradient checkpointing, technique and code
+  (`variant`: today's, or what differed); then the closest depth and sequence length; then one GPU or several, the GPU, the closest micro-batch. Equally near runs: their median.
   No run of the model: the table's `default_mfu`, a conservative figure;
 - several GPUs: per GPU, the median speed of 2 GPUs against 1 in the measured pairs (`two_gpu_efficiency`); for more
   than 2 GPUs that is an assumption, said as such (nothing beyond 2 GPUs was measured).
@@ -30,6 +30,7 @@ from nbhelpers.planner.model_configs import MODELS
 
 TABLE = Path(__file__).with_name("mfu_table.json")
 FULL_ROWS = "full rows"  # data: every sequence max_length tokens long (packed), what `tokens` assumes
+SHORT_ROWS = "short rows, padded"  # data: the notebooks' small test sets, conversations far shorter than max_length
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ class TimeToFinish:
     measured: list[Measured]  # the nearest runs (empty: the default MFU)
     two_gpu_efficiency: float
     price_per_gpu_hour: float | None = None
+    workload: str = "this model"  # what no run measured, where `measured` is empty
 
     @property
     def gpu_hours(self) -> float | None:
@@ -100,7 +102,7 @@ class TimeToFinish:
     def source(self) -> str:
         """Where the MFU comes from, and what is assumed beyond the measurements."""
         if not self.measured:
-            return "no measured run of this model: an assumed MFU, the lower quartile of the cookbook's runs"
+            return f"no measured run of {self.workload}: an assumed MFU, the lower quartile of the cookbook's runs"
         first = self.measured[0]
         runs = first.run if len(self.measured) == 1 else f"median of {len(self.measured)} runs, e.g. {first.run}"
         where = (f"measured on {first.gpus} x {first.gpu}" if (first.gpus, first.gpu) != (self.gpus, self.gpu)
@@ -173,8 +175,11 @@ def _distance(want: Workload, row: Measured) -> tuple:
 
 
 def nearest(want: Workload, runs: list[Measured]) -> list[Measured]:
-    """The runs of `want.model` nearest to it (module docstring), all equally near; [] where none ran that model."""
-    mine = [row for row in runs if row.model == want.model]
+    """The runs nearest to `want` (module docstring), all equally near; [] where none ran its model (with its
+    framework, where it names one). Runs on short padded rows serve only that data: their tokens/s counts real tokens
+    of rows far shorter than max_length, where the estimate counts full rows."""
+    mine = [row for row in runs if row.model == want.model and want.framework in (None, row.framework)
+            and (row.data != SHORT_ROWS or want.data == SHORT_ROWS)]
     if not mine:
         return []
     best = min(_distance(want, row) for row in mine)
@@ -208,7 +213,8 @@ def time_to_finish(built, technique: str, *, gpus: int, gpu: str, seq_len: int, 
     tokens_per_s = gpus * PEAK_BF16_FLOPS[gpu] * mfu / flops_per_token(model, seq_len)
     step_tokens = micro_batch * gradient_accumulation_steps * gpus * seq_len
     return TimeToFinish(step_tokens / tokens_per_s, tokens / tokens_per_s if tokens else None, gpus, gpu, mfu,
-                        measured, table["two_gpu_efficiency"], price_per_gpu_hour)
+                        measured, table["two_gpu_efficiency"], price_per_gpu_hour,
+                        (want.model or name) + (f" with {framework}" if framework else ""))
 
 
 def time_clause(built, technique: str, gpu_name: str, gpus: int, *, seq_len: int, micro_batch: int = 1,
