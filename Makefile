@@ -46,21 +46,24 @@ endef
 
 # The torch pin for a set of extras: the quickstart's light one unless TORCH is given on the command line.
 torch_for = $(if $(and $(filter $(QUICKSTART_EXTRAS),$(1)),$(filter-out command line,$(origin TORCH))),$(QUICKSTART_TORCH),$(TORCH))
+# The pins that come with the default TORCH (its CUDA build's libraries): only where that pair is what installs.
+torch_lock = $(if $(and $(filter file,$(origin TORCH)),$(filter $(TORCH),$(call torch_for,$(1)))),-c constraints-torch.txt)
 # The quickstart runs in a venv that already has everything (after `make test`) without touching it.
 QUICKSTART_STAMP = $(if $(wildcard $(VENV)/.installed-all),$(VENV)/.installed-all,$(VENV)/.installed-$(QUICKSTART_EXTRAS))
 
-.PHONY: setup setup-axolotl quickstart test
+.PHONY: setup setup-axolotl setup-air lock quickstart test
 # One stamp per set of extras: `make quickstart` (dev) and then `make test` (all) installs the rest.
 setup: $(VENV)/.installed-$(EXTRAS)
 
-# constraints.txt: the versions the tests passed with, so an install a month from now gets them too.
-$(VENV)/.installed-%: pyproject.toml constraints.txt Makefile
+# constraints.txt: the lock, every distribution at the version the tests passed with, so an install a month from now
+# gets them too (environments/lock.py writes it: `make lock`). constraints-torch.txt: what comes with the default TORCH.
+$(VENV)/.installed-%: pyproject.toml constraints.txt constraints-torch.txt Makefile
 	$(call need_free_gb,$(VENV),$(if $(filter dev,$*),2,9),VENV)
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python $(PIP_INSTALL) --upgrade pip
-	$(VENV)/bin/python $(PIP_INSTALL) $(call torch_for,$*)
+	$(VENV)/bin/python $(PIP_INSTALL) -c constraints.txt --upgrade pip setuptools
+	$(VENV)/bin/python $(PIP_INSTALL) -c constraints.txt $(call torch_lock,$*) $(call torch_for,$*)
 	echo "$(call torch_for,$*)" | tr ' ' '\n' > $(VENV)/torch-pin.txt
-	$(VENV)/bin/python $(PIP_INSTALL) -c $(VENV)/torch-pin.txt -c constraints.txt -e ".[$*]"
+	$(VENV)/bin/python $(PIP_INSTALL) -c $(VENV)/torch-pin.txt -c constraints.txt $(call torch_lock,$*) -e ".[$*]"
 	$(call COMPILE_ALL,$(VENV))
 	touch $@
 
@@ -68,16 +71,34 @@ $(VENV)/.installed-%: pyproject.toml constraints.txt Makefile
 # and Jupyter look for kernels.
 setup-axolotl: $(AXOLOTL_VENV)/.installed
 
-$(AXOLOTL_VENV)/.installed: environments/axolotl/requirements.txt pyproject.toml Makefile
+AXOLOTL_LOCK = -c environments/axolotl/constraints.txt $(if $(filter file,$(origin AXOLOTL_TORCH)),-c environments/axolotl/constraints-torch.txt)
+$(AXOLOTL_VENV)/.installed: environments/axolotl/requirements.txt environments/axolotl/constraints.txt \
+		environments/axolotl/constraints-torch.txt pyproject.toml Makefile
 	$(call need_free_gb,$(AXOLOTL_VENV),6,AXOLOTL_VENV)
 	test -x $(AXOLOTL_VENV)/bin/python || $(PYTHON) -m venv $(AXOLOTL_VENV)
-	$(AXOLOTL_VENV)/bin/python $(PIP_INSTALL) --upgrade pip
-	$(AXOLOTL_VENV)/bin/python $(PIP_INSTALL) $(AXOLOTL_TORCH)
+	$(AXOLOTL_VENV)/bin/python $(PIP_INSTALL) $(AXOLOTL_LOCK) --upgrade pip setuptools
+	$(AXOLOTL_VENV)/bin/python $(PIP_INSTALL) $(AXOLOTL_LOCK) $(AXOLOTL_TORCH)
 	echo "$(AXOLOTL_TORCH)" | tr ' ' '\n' > $(AXOLOTL_VENV)/torch-pin.txt
-	$(AXOLOTL_VENV)/bin/python $(PIP_INSTALL) -c $(AXOLOTL_VENV)/torch-pin.txt -r environments/axolotl/requirements.txt -e .
+	$(AXOLOTL_VENV)/bin/python $(PIP_INSTALL) -c $(AXOLOTL_VENV)/torch-pin.txt $(AXOLOTL_LOCK) -r environments/axolotl/requirements.txt -e .
 	$(call COMPILE_ALL,$(AXOLOTL_VENV))
 	$(AXOLOTL_VENV)/bin/python -m ipykernel install --prefix $(abspath $(VENV)) --name cookbook-axolotl --display-name "Python (cookbook-axolotl)"
 	touch $@
+
+# Databricks' CLI (`air`), with which the tests check each recipe's workload.yaml (environments/databricks-air says why
+# it has a venv of its own). About 60 MB, 10 s.
+AIR_VENV ?= .venv-air
+setup-air: $(AIR_VENV)/.installed
+
+$(AIR_VENV)/.installed: environments/databricks-air/requirements.txt environments/databricks-air/constraints.txt Makefile
+	test -x $(AIR_VENV)/bin/python || $(PYTHON) -m venv $(AIR_VENV)
+	$(AIR_VENV)/bin/python $(PIP_INSTALL) -c environments/databricks-air/constraints.txt --upgrade pip setuptools
+	$(AIR_VENV)/bin/python $(PIP_INSTALL) -c environments/databricks-air/constraints.txt -r environments/databricks-air/requirements.txt
+	touch $@
+
+# The locks (constraints.txt and those of environments/): `make lock` keeps what is locked and resolves what is new;
+# `make lock UPGRADE=1` takes the newest releases (holds kept). pip's resolver, with pip's configuration: lock.py says why.
+lock:
+	$(PYTHON) environments/lock.py $(if $(UPGRADE),--upgrade)
 
 quickstart: $(QUICKSTART_STAMP)
 	mkdir -p $(RUNS)
@@ -98,7 +119,7 @@ quickstart: $(QUICKSTART_STAMP)
 # in the order tests/conftest.py gives them (longest first), not xdist's most-tests-first. TEST_WORKERS=0: no xdist.
 PYTEST_ARGS ?=
 TEST_WORKERS ?= 3
-test: setup setup-axolotl
+test: setup setup-axolotl setup-air
 	@scratch=$$(mktemp -d "$${TMPDIR:-/tmp}/cookbook-test.XXXXXX") && trap 'rm -rf "$$scratch"' EXIT && \
 	mkdir "$$scratch/tmp" "$$scratch/home" && echo "make test: TMPDIR and HOME are fresh folders in $$scratch" && \
 	TMPDIR="$$scratch/tmp" HOME="$$scratch/home" \

@@ -1,5 +1,7 @@
-"""Installs a user can reproduce (issue 29 §2): the extras and lower bounds of pyproject.toml, constraints.txt, the
-README's install lines and JupyterLab."""
+"""Installs a user can reproduce (issues 29 §2, 57 §1-2): every environment is its lock (constraints.txt and those of
+environments/, written by environments/lock.py), the environments share one MLflow store, the extras and lower bounds
+of pyproject.toml, the README's install lines and JupyterLab."""
+import json
 import re
 import subprocess
 import sys
@@ -7,21 +9,16 @@ import tomllib
 from importlib import metadata
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
 from harness import REPO
 
+sys.path.insert(0, str(REPO / "environments"))
+import lock  # noqa: E402  environments/lock.py: what a lock holds, read the way it was written
+
 BIN = Path(sys.executable).parent
-
-
-def constraints() -> dict:
-    pins = {}
-    for line in (REPO / "constraints.txt").read_text().splitlines():
-        if line and not line.startswith("#"):
-            name, version = line.split("==")
-            pins[name.lower().replace("_", "-")] = version
-    return pins
 
 
 def requirements() -> list[Requirement]:
@@ -30,16 +27,76 @@ def requirements() -> list[Requirement]:
     return [Requirement(r) for r in listed if not r.startswith("nbhelpers")]
 
 
-def test_this_environment_is_the_one_constraints_txt_pins():
-    differ = {}
-    for name, pinned in constraints().items():
-        try:
-            installed = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-        if installed != pinned:
-            differ[name] = (pinned, installed)
-    assert not differ, f"constraints.txt and the tested environment differ (pinned, installed): {differ}; regenerate it"
+def environment_python(name: str) -> Path:
+    """The interpreter of each environment `make test` installs: this one, Axolotl's kernel, Databricks' CLI."""
+    if name == "main":
+        return Path(sys.executable)
+    if name == "axolotl":
+        from jupyter_client.kernelspec import KernelSpecManager
+
+        return Path(KernelSpecManager().get_kernel_spec("cookbook-axolotl").argv[0])
+    return REPO / ".venv-air" / "bin" / "python"
+
+
+def installed(python: Path) -> dict[str, str]:
+    """{normalised name: version} of every distribution installed in `python`'s environment."""
+    listing = subprocess.run([python, "-c", "import json; from importlib import metadata; print(json.dumps("
+                              "{d.metadata['Name']: d.version for d in metadata.distributions()}))"],
+                             capture_output=True, text=True, check=True).stdout
+    return {lock.normal(name): version for name, version in json.loads(listing).items()}
+
+
+@pytest.mark.parametrize("name", list(lock.ENVIRONMENTS))
+def test_every_distribution_installed_is_the_locked_one(name):
+    python = environment_python(name)
+    assert python.is_file(), f"{python} is missing: `make test` installs the {name} environment"
+    _, torch_variable, lock_file, _ = lock.ENVIRONMENTS[name]
+    locked = lock.read_lock(REPO / lock_file)
+    torch_pin = python.parent.parent / "torch-pin.txt"  # what the Makefile installed as torch
+    default_torch = bool(torch_variable) and torch_pin.read_text().split() == lock.makefile_value(torch_variable).split()
+    if default_torch:
+        locked |= lock.read_lock(lock.torch_lock(REPO / lock_file))
+    here = {n: v.split("+")[0] for n, v in installed(python).items() if n != "nbhelpers"}  # 2.13.0+cpu is 2.13.0
+    if torch_variable and not default_torch:  # a torch of the user's choice brings its own build
+        here = {n: v for n, v in here.items() if not lock.TORCH_BUILD.match(n)}
+    missing = sorted(set(here) - set(locked))
+    differ = {n: (locked[n], v) for n, v in here.items() if n in locked and locked[n] != v}
+    assert not missing and not differ, (
+        f"the {name} environment is not its lock {lock_file}: installed but not locked {missing}, "
+        f"(locked, installed) {differ}. `make lock` writes the locks, `make setup` installs them")
+
+
+def test_every_environment_has_the_main_environments_mlflow():
+    main = lock.read_lock(REPO / "constraints.txt")
+    shared = {name: main[name] for name in lock.SHARED_STORE}
+    for name, (_, _, lock_file, shares_store) in lock.ENVIRONMENTS.items():
+        if shares_store:
+            locked = lock.read_lock(REPO / lock_file)
+            assert {n: locked.get(n) for n in lock.SHARED_STORE} == shared, lock_file
+
+
+STORE_ROUND = """
+import sys, mlflow
+store, name = sys.argv[1], sys.argv[2]
+mlflow.set_tracking_uri(store)
+mlflow.set_experiment("shared")
+with mlflow.start_run(run_name=name):
+    mlflow.log_metric("loss", float(len(name)))
+runs = mlflow.search_runs(experiment_names=["shared"])
+print(sorted(runs["tags.mlflow.runName"]))
+"""
+
+
+def test_one_mlflow_store_is_written_and_read_from_both_environments(tmp_path):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    seen = []
+    for python, run in ((environment_python("main"), "from_main"), (environment_python("axolotl"), "from_axolotl"),
+                        (environment_python("main"), "from_main_again")):
+        done = subprocess.run([python, "-c", STORE_ROUND, store, run], capture_output=True, text=True,
+                              cwd=tmp_path, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        seen.append(done.stdout.strip().splitlines()[-1])
+    assert seen == ["['from_main']", "['from_axolotl', 'from_main']", "['from_axolotl', 'from_main', 'from_main_again']"]
 
 
 # Bounds tested in another environment: torch 2.11 and torchvision 0.26 on the H200s (benchmarks/results),
@@ -70,11 +127,20 @@ def test_jupyterlab_opens_after_the_documented_install():
     assert re.fullmatch(r"4\.\d+\.\d+\s*", version.stdout), version.stdout
 
 
-def test_make_setup_installs_from_the_constraints_file(tmp_path):
-    plan = subprocess.run(["make", "-n", "setup", "EXTRAS=jupyter", f"VENV={tmp_path / 'venv'}"], cwd=REPO,
-                          capture_output=True, text=True, check=True).stdout
-    install = [line for line in plan.splitlines() if '-e ".[jupyter]"' in line]
-    assert install and "-c constraints.txt" in install[0], plan
+def test_make_setup_installs_from_the_locks(tmp_path):
+    plan = subprocess.run(["make", "-n", "setup", "setup-axolotl", "setup-air", "EXTRAS=jupyter",
+                           f"VENV={tmp_path / 'venv'}", f"AXOLOTL_VENV={tmp_path / 'ax'}", f"AIR_VENV={tmp_path / 'air'}"],
+                          cwd=REPO, capture_output=True, text=True, check=True).stdout
+    installs = [line for line in plan.splitlines() if " -m pip install " in line]
+    assert len(installs) == 8, plan  # pip, torch and the rest in each venv (the CLI's has no torch)
+    for line in installs:
+        where = "environments/axolotl/" if "/ax/" in line else "environments/databricks-air/" if "/air/" in line else ""
+        assert f"-c {where}constraints.txt" in line, line
+    # this make's TORCH is the default one: the pins of its build are taken too (the quickstart's 2.13.0 has none)
+    assert "-c constraints-torch.txt" in next(line for line in installs if '-e ".[jupyter]"' in line)
+    user_torch = subprocess.run(["make", "-n", "setup", "TORCH=torch==2.11.0", f"VENV={tmp_path / 'venv'}"], cwd=REPO,
+                                capture_output=True, text=True, check=True).stdout
+    assert "constraints-torch.txt" not in user_torch, user_torch  # a GPU machine's own torch brings its own build
 
 
 def test_the_readmes_cuda_install_line_names_the_index_and_the_driver():
