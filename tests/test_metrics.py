@@ -1,6 +1,8 @@
 """nbhelpers.training.metrics.write_metrics: one call turns the ranks' results into metrics.json."""
 import json
 
+import pytest
+
 import torch
 
 from nbhelpers.training.metrics import write_metrics
@@ -52,6 +54,22 @@ def test_mlflow_tracking_uri_defaults_to_one_store_beside_every_run(tmp_path):
     assert mlflow_tracking_uri(tmp_path / "runs" / "a") == mlflow_tracking_uri(tmp_path / "runs" / "b")
     assert mlflow_tracking_uri(tmp_path / "runs" / "a") == f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
     assert mlflow_tracking_uri(tmp_path / "runs" / "a", "http://mlflow:5000") == "http://mlflow:5000"
+
+
+def test_a_store_migrated_by_a_newer_mlflow_is_refused_with_what_to_do(tmp_path):
+    import shutil
+    import sqlite3
+
+    from nbhelpers.training.tracking import mlflow_experiment
+
+    mlflow_experiment("made_here", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (tmp_path / "newer").mkdir()  # another path: MLflow keeps the store it opened for each one
+    shutil.copy(tmp_path / "mlflow.db", tmp_path / "newer" / "mlflow.db")
+    with sqlite3.connect(tmp_path / "newer" / "mlflow.db") as store:  # what MLflow 3.18 leaves in a store it opened
+        store.execute("UPDATE alembic_version SET version_num = 'f4a9b2c7d1e6'")
+    with pytest.raises(RuntimeError, match=r"(?s)out-of-date database schema.*newer MLflow.*"
+                                           r"export MLFLOW_TRACKING_URI=sqlite:///\$PWD/runs/cookbook.db"):
+        mlflow_experiment("made_here", f"sqlite:///{tmp_path / 'newer' / 'mlflow.db'}")
 
 
 def test_mlflow_experiment_of_a_local_store_keeps_its_artifacts_beside_the_store(tmp_path, monkeypatch):

@@ -34,7 +34,18 @@ def mlflow_experiment(name: str, tracking_uri: str) -> str:
     import mlflow
 
     mlflow.set_tracking_uri(tracking_uri)
-    if mlflow.get_experiment_by_name(name) is None:
+    try:
+        found = mlflow.get_experiment_by_name(name)
+    except mlflow.exceptions.MlflowException as exc:
+        if "out-of-date database schema" not in str(exc):
+            raise
+        raise RuntimeError(  # MLflow's own advice (`mlflow db upgrade`) fails on a store a newer MLflow migrated
+            f"The MLflow store {tracking_uri} has another schema than this environment's MLflow "
+            f"{mlflow.__version__} ({exc.message.split('. ')[0]}): most likely a newer MLflow (yours) opened it and "
+            "migrated it, and MLflow cannot take a store back. Give the cookbook's runs a store of their own, e.g. "
+            "export MLFLOW_TRACKING_URI=sqlite:///$PWD/runs/cookbook.db (or use MLflow "
+            f"{mlflow.__version__} for both).") from None
+    if found is None:
         store = Path(tracking_uri.removeprefix("sqlite:///")) if tracking_uri.startswith("sqlite:///") else None
         if store is not None:
             store.parent.mkdir(parents=True, exist_ok=True)
