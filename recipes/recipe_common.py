@@ -353,7 +353,7 @@ def _has_checkpoints(folder: Path) -> bool:
 def mlflow_run(experiment: str, output_dir: str | Path, tracking_uri: str | None, params: dict):
     """On rank 0, an MLflow run named after OUTPUT_DIR in `experiment`, with `params` logged; yields the `mlflow`
     module there and None on the other ranks. A local store keeps its artifacts beside it (runs/mlartifacts).
-    Where MLFLOW_RUN_ID is set (Databricks' AI Runtime sets it for a `databricks air run` workload: workload.yaml),
+    Where MLFLOW_RUN_ID is set (Databricks' AI Runtime sets it for an `air run` workload: workload.yaml),
     the recipe logs into that run itself, in its own experiment and store (MLFLOW_TRACKING_URI)."""
     if runtime.get_rank() != 0:
         yield None

@@ -1,5 +1,6 @@
 """A recipe's workload.yaml run as Databricks' AI Runtime runs it (issue 42 §3), on this machine's CPUs: its `command`
-as written, through bash, in the code source root (root_path), with the variables the platform sets on a node of a
+as written, through bash, in a copy of the code source the platform uploads (root_path's include_paths, nothing
+else), with the variables the platform sets on a node of a
 one-node job (NUM_NODES=1, NODE_RANK=0, MASTER_ADDR, MASTER_PORT, LOCAL_WORLD_SIZE, MLFLOW_RUN_ID, and
 HYPERPARAMETERS_PATH to the workload's `parameters` with the test's tiny stand-in, local data, tmp_path output and few
 steps in place of the hub ids, Volume paths and real sizes). The recipe tests launch a recipe's first run this way
@@ -23,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -77,6 +79,7 @@ def run_workload(recipe: str, parameters: dict, tmp_path: Path, *, env: dict | N
     (shims / "pip").write_text(PIP_THAT_RECORDS)
     (shims / "pip").chmod(0o755)
     pip_calls = tmp_path / "pip-calls.txt"
+    snapshot = code_source_snapshot(spec, recipe, tmp_path / "code_source")
 
     base = dict(os.environ if env is None else env)
     platform = {
@@ -85,15 +88,14 @@ def run_workload(recipe: str, parameters: dict, tmp_path: Path, *, env: dict | N
         "MLFLOW_TRACKING_URI": store, "HF_HOME": str(tmp_path / "hf"),
         "NUM_NODES": "1", "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
         "LOCAL_WORLD_SIZE": str(local_world_size), "MLFLOW_RUN_ID": platform_run,
-        "HYPERPARAMETERS_PATH": str(hyperparameters), "CODE_SOURCE_PATH": str(REPO),
+        "HYPERPARAMETERS_PATH": str(hyperparameters), "CODE_SOURCE_PATH": str(snapshot),
         # `python` and `torchrun` of this venv (CI's PATH need not have it), after the recording pip
         "PATH": os.pathsep.join([str(shims), str(Path(sys.executable).parent), base.get("PATH", "")]),
         "PIP_CALLS": str(pip_calls), "OMP_NUM_THREADS": "1",
     }
     log = tmp_path / f"{recipe}-workload.log"
-    root = (REPO / "recipes" / recipe / spec["code_source"]["root_path"]).resolve()
     with log.open("w") as out:
-        proc = subprocess.Popen(["bash", "-c", spec["command"]], cwd=root, env={**base, **platform}, stdout=out,
+        proc = subprocess.Popen(["bash", "-c", spec["command"]], cwd=snapshot, env={**base, **platform}, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
             proc.wait(timeout=timeout)
@@ -104,7 +106,7 @@ def run_workload(recipe: str, parameters: dict, tmp_path: Path, *, env: dict | N
             kill_process_tree(proc)
     assert proc.returncode == 0, (f"{recipe}'s workload command {outcome}:\n"
                                   f"{shlex.quote(spec['command'])}\n{log.read_text()[-6000:]}")
-    assert pip_calls.read_text().splitlines() == [str(REPO), "install --no-deps -e ."], pip_calls.read_text()
+    assert pip_calls.read_text().splitlines() == [str(snapshot), "install --no-deps -e ."], pip_calls.read_text()
     metrics = json.loads((output_dir / "metrics.json").read_text())
 
     # It logged into the platform's run, and opened none of its own.
@@ -115,6 +117,20 @@ def run_workload(recipe: str, parameters: dict, tmp_path: Path, *, env: dict | N
     runs_after = {r.info.run_id for r in client.search_runs([e.experiment_id for e in client.search_experiments()])}
     assert runs_after == runs_before, f"the recipe opened run(s) of its own: {runs_after - runs_before}"
     return metrics, run
+
+
+def code_source_snapshot(spec: dict, recipe: str, folder: Path) -> Path:
+    """What the platform unpacks as CODE_SOURCE_PATH: the include_paths of the snapshot's root_path, copied."""
+    snapshot = spec["code_source"]["snapshot"]
+    root = (REPO / "recipes" / recipe / snapshot["root_path"]).resolve()
+    for path in snapshot["include_paths"]:
+        source, target = root / path, folder / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
+        else:
+            shutil.copy2(source, target)
+    return folder
 
 
 def kill_process_tree(proc: subprocess.Popen) -> None:
