@@ -308,7 +308,7 @@ def test_folder_without_config_json_says_so(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------------
-# Qwen3.5-27B on the seed's 4 x 8 H100 and on H200s (the FSDP2 recipe: seq 4096, one sequence per GPU)
+# Qwen3.5-27B on the 4 x 8 H100 of Databricks' recipe and on H200s (the FSDP2 recipe: seq 4096, one sequence per GPU)
 # --------------------------------------------------------------------------------------------------
 QWEN3_5_27B = 26_895_998_464  # tests/test_standins.py counts it by hand
 QWEN3_5_ROOT = 2 * 248320 * 5120 + 5120  # untied embedding and lm_head, final norm

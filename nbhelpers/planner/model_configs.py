@@ -89,9 +89,9 @@ MODELS = {
     # (Qwen3_5ForCausalLM); the hub's vision encoder and multi-token-prediction layer (about 0.9 B more, 27.78 B in its
     # safetensors index) are not part of it. Built: 26.90 B, 0.4 % under the card's 27 B.
     "qwen3.5-27b": Published("Qwen3_5TextConfig", "Qwen/Qwen3.5-27B", 27e9, QWEN3_5_27B),
-    # Qwen3.8-27B, the seed's model and the FSDP2 recipe's default. NVIDIA NeMo AutoModel's model page describes it
-    # as a dense 27B that "retains the Qwen3.5 hybrid Gated DeltaNet and gated-attention architecture"
-    # (Qwen3_5ForConditionalGeneration), and TRL 1.15 ships its chat template (trl/chat_templates/qwen3_8.jinja, "as
+    # Qwen3.8-27B, the model of Databricks' FSDP2 recipe and this cookbook's FSDP2 recipe's default. NVIDIA NeMo
+    # AutoModel's model page describes it as a dense 27B that "retains the Qwen3.5 hybrid Gated DeltaNet and
+    # gated-attention architecture" (Qwen3_5ForConditionalGeneration), and TRL 1.15 ships its chat template (trl/chat_templates/qwen3_8.jinja, "as
     # shipped by Qwen/Qwen3.8-27B"). No public copy of its config.json could be read offline: its text config is
     # assumed to be Qwen3.5-27B's (same class, same layout, same tokenizer vocabulary), which its 27B size and the
     # page's "retains the ... architecture" support. Where that differs, pass the hub id or its folder instead.
