@@ -110,11 +110,14 @@ def cancelled(name: str) -> CancelledError:
 
 class RankResults(list):
     """The ranks' return values in rank order, and `system_metrics`: what the launch measured of them
-    (nbhelpers.launch.system_metrics' summary, one value per rank; None where the engine does not sample)."""
+    (nbhelpers.launch.system_metrics' summary, one value per rank; None where the engine does not sample);
+    `step_times`: the ranks' medians of their data wait, forward pass and step, and which rank held the others back
+    and why (nbhelpers.launch.stragglers.launch_figures; None where no rank recorded its steps)."""
 
-    def __init__(self, values, system_metrics: dict | None = None):
+    def __init__(self, values, system_metrics: dict | None = None, step_times: dict | None = None):
         super().__init__(values)
         self.system_metrics = system_metrics
+        self.step_times = step_times
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""What a Hugging Face Trainer run measured: the values it logged, and tokens/s without the warm-up steps.
+"""What a Hugging Face Trainer run measured: the values it logged, tokens/s without the warm-up steps, and this
+rank's step times for the report of which rank held the others back (nbhelpers.training.step_times).
 
     timer = StepTimer()                                  # needs include_num_input_tokens_seen in the arguments
     trainer.add_callback(timer)
@@ -12,6 +13,8 @@ import time
 import torch
 from transformers import TrainerCallback
 
+from nbhelpers.training.step_times import StepTimes
+
 
 class StepTimer(TrainerCallback):
     """Clock and input-token count (summed over all ranks) at the end of every optimizer step.
@@ -19,16 +22,29 @@ class StepTimer(TrainerCallback):
     The Trainer's own `train_tokens_per_second` includes the first steps (allocator growth, first
     all-gathers, kernel autotuning); `tokens_per_second(warmup_steps)` leaves them out, which is what a
     benchmark compares. Needs `include_num_input_tokens_seen` ("all" or "non_padding") in the arguments.
+    It also records this rank's StepTimes (its wait for each batch, its forward passes, its steps) for the report of
+    which rank held the others back: `@distributed` prints it after the launch; under torchrun rank 0 at the end of
+    training.
     """
 
     def __init__(self):
         self.times, self.tokens = [], []
+        self.step_times = None
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.step_times = StepTimes(model)
 
     def on_step_end(self, args, state, control, **kwargs):
         if torch.cuda.is_available():
             torch.cuda.synchronize()  # the step's kernels are done, not just queued
         self.times.append(time.perf_counter())
         self.tokens.append(state.num_input_tokens_seen)
+        if self.step_times is not None:
+            self.step_times.step_done()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.step_times is not None:
+            self.step_times.close()
 
     def first_timed(self, warmup_steps: int) -> int:
         """Index of the step the timing starts from: after the warm-up, keeping at least one timed step."""
