@@ -229,8 +229,8 @@ def _runs() -> list[Run]:
     add("h200x1_2026-12-04/call2_unsloth/notebook_1gpu.json", "tokens_per_s.0", framework="unsloth", data=SHORT,
         **lora3b)
 
-    # Qwen2.5-3B, recipes/ray_qwen2_5_3b: the Trainer's full fine-tune under DDP, 4 packed blocks of 1,024 tokens
-    ray = dict(model="qwen2.5-3b", layers=36, framework="transformers", fine_tune="full", technique="ddp",
+    # Qwen2.5-3B, recipes/ray_qwen2_5_3b: its PyTorch loop under Ray Train, full fine-tune, DDP, 4 packed blocks of 1,024
+    ray = dict(model="qwen2.5-3b", layers=36, framework="pytorch", fine_tune="full", technique="ddp",
                compiled=False, data=FULL_ROWS, micro_batch=4, seq_len=1024)
     before = "the recipe of 2026-11-30 (foreach AdamW, gradients beside DDP's buckets)"
     add("ray/summary.json", "qwen2_5_3b.tokens_per_s_1w", checkpointing=False, variant=before, **ray)

@@ -130,7 +130,7 @@ def test_the_planners_line_ends_with_the_time_where_it_fits(monkeypatch, capsys)
     monkeypatch.setattr(fits, "visible_gpus", lambda: [("NVIDIA H100 80GB HBM3", 79.2)] * 8)
     fits.check_fits("qwen2.5-3b", "ddp", seq_len=1024, micro_batch=4, checkpointing=True, fused_adamw=True,
                     gradient_as_bucket_view=True, max_steps=100, gradient_accumulation_steps=2,
-                    framework="transformers", torch_compile=False)  # the Ray recipe's settings
+                    framework="pytorch", torch_compile=False)  # the Ray recipe's settings
     said = capsys.readouterr().err.strip().splitlines()
     assert len(said) == 1, said
     assert re.match(r"planner: qwen2\.5-3b \(full\) with DDP on 8 x 79\.2 GiB \(NVIDIA H100 80GB HBM3\), 4 x 1024 "

@@ -143,7 +143,7 @@ from pathlib import Path
 import torch
 
 from nbhelpers.planner.flops import PEAK_BF16_FLOPS
-from nbhelpers.planner.time_to_finish import time_to_finish, tokens_to_train
+from nbhelpers.planner.time_to_finish import FRAMEWORKS, time_to_finish, tokens_to_train
 
 GIB = 2**30
 TECHNIQUES = ("ddp", "zero1", "zero2", "fsdp", "zero3")  # everything on the GPUs
@@ -720,8 +720,8 @@ def build_parser() -> argparse.ArgumentParser:
     time.add_argument("--num-train-epochs", type=float, default=1, help="passes over --dataset-tokens")
     time.add_argument("--torch-compile", action=argparse.BooleanOptionalAction, default=None,
                       help="torch.compile on or off, for the nearest measured runs; unset: either")
-    time.add_argument("--framework", choices=("trl", "unsloth", "axolotl", "transformers", "pytorch"), default=None,
-                      help="what trains (pytorch: a training loop, as the recipes), for the nearest measured runs")
+    time.add_argument("--framework", choices=FRAMEWORKS, default=None,
+                      help="what trains (pytorch: a training loop of its own, as the recipes), for the measured runs")
     time.add_argument("--price-per-gpu-hour", type=float, default=None, help="to state the cost too")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON (every term, GiB per GPU)")
     return parser

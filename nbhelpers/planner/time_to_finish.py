@@ -30,6 +30,7 @@ from nbhelpers.planner.model_configs import MODELS
 
 TABLE = Path(__file__).with_name("mfu_table.json")
 FULL_ROWS = "full rows"  # data: every sequence max_length tokens long (packed), what `tokens` assumes
+FRAMEWORKS = ("trl", "unsloth", "axolotl", "pytorch")  # pytorch: a training loop of its own (the recipes, the guides)
 SHORT_ROWS = "short rows, padded"  # data: the notebooks' small test sets, conversations far shorter than max_length
 
 
@@ -38,7 +39,7 @@ class Measured:
     """One GPU run of benchmarks/results: what ran, and its speed."""
     model: str  # a name of nbhelpers.planner.model_configs.MODELS
     layers: int  # decoder layers of the stand-in that ran (fewer than published where the GPU held no more)
-    framework: str  # "trl", "unsloth", "axolotl", "transformers" (the Trainer), "pytorch" (a training loop)
+    framework: str  # one of FRAMEWORKS
     variant: str  # "" for the code the cookbook runs today; else what differed (an older notebook, a knob)
     fine_tune: str  # "full", "lora"
     technique: str  # nbhelpers.planner.plan.TECHNIQUES

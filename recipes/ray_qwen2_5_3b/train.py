@@ -166,9 +166,10 @@ def save_state(step: int, model, optimizer, history: list, keep: int, experiment
 
 def use_gradient_checkpointing(config: dict, rank: int, world_size: int) -> bool:
     """config's gradient_checkpointing; null: off where the memory planner says the run fits this GPU without it.
-    Rank 0 says the planner's verdict in one line (every worker comes to the same)."""
+    Rank 0 says the planner's verdict in one line (every worker comes to the same), with the time max_steps take."""
     shape = dict(gpus=world_size, seq_len=config["max_length"], micro_batch=config["per_device_train_batch_size"],
-                 fused_adamw=True, gradient_as_bucket_view=True)  # as train_loop_per_worker trains
+                 fused_adamw=True, gradient_as_bucket_view=True,  # as train_loop_per_worker trains
+                 max_steps=config["max_steps"], torch_compile=False, framework="pytorch")
     with contextlib.redirect_stderr(sys.stderr if rank == 0 else io.StringIO()):
         return gradient_checkpointing_to_fit(config["model_name_or_path"], "ddp", config["gradient_checkpointing"],
                                              **shape)
