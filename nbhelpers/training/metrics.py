@@ -50,7 +50,10 @@ def write_metrics(output_dir, results=None, /, **metrics) -> Path:
     results: what `train.distributed(args)` returned, one dict per rank in rank order (or None). It adds
         `world_size` (the number of ranks) and, for each key of the ranks' dicts, the list of the ranks'
         values (`peak_memory_bytes: [rank 0's, rank 1's]`). A value that is not JSON (a tensor of many
-        numbers, a model) is left out, and the key is printed; a one-number tensor becomes that number.
+        numbers, a model) is left out, and the key is printed; a one-number tensor becomes that number. Where the
+        launch timed the ranks' steps (nbhelpers.training.step_times), `step_times` holds its figures: each rank's
+        median data wait, forward pass and step, and `straggler_rank` / `straggler`, the rank that held the others
+        back and why (null when the ranks were even).
     metrics: written as given, at the top level: what a reader means by the name (the loss curve every
         rank agrees on, the job's throughput). A name given here replaces the ranks' list of that name.
         `losses` (a list of numbers) also gives `initial_loss`, `final_loss` and `final_loss_vs_initial`.
@@ -68,6 +71,8 @@ def write_metrics(output_dir, results=None, /, **metrics) -> Path:
                 record[key] = values
         if left_out - set(metrics):
             print(f"metrics.json leaves out the ranks' {', '.join(sorted(left_out - set(metrics)))} (not JSON)")
+        if getattr(results, "step_times", None) is not None:  # a launch's RankResults
+            record["step_times"] = results.step_times
     record.update(metrics)
     losses = metrics.get("losses")
     if losses and all(isinstance(loss, (int, float)) for loss in (losses[0], losses[-1])):
