@@ -1,9 +1,9 @@
 """The measured speeds behind the time-to-finish estimate (nbhelpers/planner/time_to_finish.py), and its two checks.
 
-Every GPU run of benchmarks/results with a tokens/s figure is listed below (RUNS) with what ran: model, depth, framework,
-code, data, fine-tune, technique, torch.compile, checkpointing, micro-batch, sequence length, GPUs. What the files
-record (tokens/s, the device) is read from them; what they do not record is written here from the results' READMEs
-and the scripts that made them. A run is left out of the table only for a reason that says nothing of its speed
+Every GPU run of benchmarks/results with a tokens/s figure is listed below (RUNS) with what ran: model, depth,
+framework, code, data, fine-tune, technique, torch.compile, checkpointing, micro-batch, sequence length, GPUs. What
+the files record (tokens/s, the device) is read from them; what they do not record is written here from the results'
+READMEs and the scripts that made them. A run is left out of the table only for a reason that says nothing of its speed
 against the others (`not_counted`): the GPU or host shared with other runs, a profiled step, a tiny stand-in.
 
     .venv/bin/python benchmarks/mfu_table.py             # writes nbhelpers/planner/mfu_table.json, prints the checks
@@ -110,15 +110,17 @@ def _runs() -> list[Run]:
                    variant="packed conversations attended to each other (before 2026-12-06)")
     add("h200x1_2026-12-04/gpt_oss_call1_speed/20b_eager_packed.json", compiled=False, **crossed)
     add("h200x1_2026-12-04/gpt_oss_call2_notebooks/20b_compiled_packed.json", compiled=True, **crossed)
-    add("h200x1_2026-12-04/gpt_oss_call2_notebooks/nb_20b_compiled_metrics.json", "tokens_per_s.0", compiled=True, **crossed)
-    add("h200x1_2026-12-04/gpt_oss_call2_notebooks/nb_20b_eager_metrics.json", "tokens_per_s.0", compiled=False, **crossed)
+    for compiled in (True, False):
+        add(f"h200x1_2026-12-04/gpt_oss_call2_notebooks/nb_20b_{'compiled' if compiled else 'eager'}_metrics.json",
+            "tokens_per_s.0", compiled=compiled, **crossed)
     today = dict(gpt20, layers=24, micro_batch=4, seq_len=2048, data=FULL_ROWS)
     add("h100x1_2026-12-06/gpt_oss_20b/20b_compiled_packed.json", compiled=True, **today)
     add("h100x1_2026-12-06/gpt_oss_20b/nb_20b_compiled_metrics.json", "tokens_per_s.0", compiled=True, **today)
     add("h100x1_2026-12-06/gpt_oss_20b/nb_20b_eager_metrics.json", "tokens_per_s.0", compiled=False, **today)
 
     # GPT-OSS-120B, the TRL notebook's LoRA under FSDP2 (4 of 36 layers: what one GPU holds), checkpointing
-    gpt120 = dict(model="gpt-oss-120b", layers=4, framework="trl", fine_tune="lora", technique="fsdp", checkpointing=True)
+    gpt120 = dict(model="gpt-oss-120b", layers=4, framework="trl", fine_tune="lora", technique="fsdp",
+                  checkpointing=True)
     peft = "the experts' LoRA by PEFT, W + BA for all 128 experts (before 2026-12-06)"
     add("trl/fsdp_120b_2gpu/metrics.json", gpus=2, micro_batch=4, seq_len=512, data=SHORT, compiled=False,
         variant=peft + ", the notebook of 2026-11-30", **gpt120)
@@ -229,7 +231,7 @@ def _runs() -> list[Run]:
     add("h200x1_2026-12-04/call2_unsloth/notebook_1gpu.json", "tokens_per_s.0", framework="unsloth", data=SHORT,
         **lora3b)
 
-    # Qwen2.5-3B, recipes/ray_qwen2_5_3b: its PyTorch loop under Ray Train, full fine-tune, DDP, 4 packed blocks of 1,024
+    # Qwen2.5-3B, recipes/ray_qwen2_5_3b: its PyTorch loop under Ray Train, full fine-tune, DDP, 4 packed rows of 1,024
     ray = dict(model="qwen2.5-3b", layers=36, framework="pytorch", fine_tune="full", technique="ddp",
                compiled=False, data=FULL_ROWS, micro_batch=4, seq_len=1024)
     before = "the recipe of 2026-11-30 (foreach AdamW, gradients beside DDP's buckets)"
@@ -382,9 +384,9 @@ def markdown(table: dict) -> str:
              "", "| run | model | GPUs | MFU measured | estimated (left out) | error | estimated from | strict error |",
              "|---|---|---|---|---|---|---|---|"]
     for r, s in zip(loo, strict):
+        source = r["from"] if r["from"].startswith(("median", "default")) else f"`{r['from']}`"
         lines.append(f"| `{r['run']}` | {r['model']} | {r['gpu']} | {r['measured_mfu']:.1%} | {r['estimated_mfu']:.1%} "
-                     f"| {r['error']:+.0%} | {r['from'] if r['from'].startswith(('median', 'default')) else '`' + r['from'] + '`'} "
-                     f"| {s['error']:+.0%} |")
+                     f"| {r['error']:+.0%} | {source} | {s['error']:+.0%} |")
     lines += ["", "Left out of the table:", ""]
     lines += [f"- `{run.name}`: {run.not_counted}" for run in RUNS if run.not_counted]
     return "\n".join(lines)

@@ -54,7 +54,7 @@ def test_every_setup_that_fits_says_its_hours_and_gpu_hours_and_where_they_come_
         assert row.time_from.startswith(("measured", "no measured run")), row
     qwen = plans[("qwen3.8-27b", "8xH200 141GB", "lora")]  # measured: the FSDP2 recipe's 12 layers on one H200
     assert qwen.time_from.startswith("measured on 1 x H200: h200x1_2026-12-05/qwen35_call1/packed_4096; ")
-    assert "8 GPUs at 97 % of one GPU's speed each, as 2 measured, assumed beyond 2" in qwen.time_from
+    assert "8 GPUs at 97 % of one GPU's speed each, as measured on 2, assumed beyond 2" in qwen.time_from
     one, eight = plans[("llama-3.2-1b", "1xH100 80GB", "full")], plans[("llama-3.2-1b", "8xH100 80GB", "full")]
     assert one.gpu_hours < eight.gpu_hours  # 8 GPUs: sooner, at more GPU-hours
     assert eight.hours < one.hours

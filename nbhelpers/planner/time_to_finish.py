@@ -8,8 +8,9 @@
 - MFU: the nearest run of `mfu_table.json`, which `benchmarks/mfu_table.py` makes from `benchmarks/results` (every
   GPU run of the cookbook with a tokens/s figure it can use). Nearest: the same model (and framework, where it is
   given), then, in this order, the same data, fine-tune, torch.compile, gradient checkpointing, technique and code
-  (`variant`: today's, or what differed); then the closest depth and sequence length; then one GPU or several, the GPU, the closest micro-batch. Equally near runs: their median.
-  No run of the model: the table's `default_mfu`, a conservative figure;
+  (`variant`: today's, or what differed); then the closest depth and sequence length; then one GPU or several, the
+  GPU, the closest micro-batch. Equally near runs: their median. No run of the model: the table's `default_mfu`, the
+  lower quartile of all runs' MFU (a conservative figure);
 - several GPUs: per GPU, the median speed of 2 GPUs against 1 in the measured pairs (`two_gpu_efficiency`); for more
   than 2 GPUs that is an assumption, said as such (nothing beyond 2 GPUs was measured).
 
@@ -93,7 +94,9 @@ class TimeToFinish:
 
     @property
     def cost(self) -> float | None:
-        return None if self.gpu_hours is None or self.price_per_gpu_hour is None else self.gpu_hours * self.price_per_gpu_hour
+        if self.gpu_hours is None or self.price_per_gpu_hour is None:
+            return None
+        return self.gpu_hours * self.price_per_gpu_hour
 
     def to_dict(self) -> dict:
         return {"seconds": self.seconds, "seconds_per_step": self.seconds_per_step, "gpu_hours": self.gpu_hours,
@@ -109,20 +112,19 @@ class TimeToFinish:
         where = (f"measured on {first.gpus} x {first.gpu}" if (first.gpus, first.gpu) != (self.gpus, self.gpu)
                  else "measured")
         said = f"{where}: {runs}"
-        if self.gpus > 1 and first.gpus == 1 or self.gpus > 2:
-            said += (f"; {self.gpus} GPUs at {100 * self.two_gpu_efficiency:.0f} % of one GPU's speed each, as 2 "
-                     "measured"
-                     + (", assumed beyond 2" if self.gpus > 2 else ""))
+        if (self.gpus > 1 and first.gpus == 1) or self.gpus > 2:
+            said += (f"; {self.gpus} GPUs at {100 * self.two_gpu_efficiency:.0f} % of one GPU's speed each, as "
+                     "measured on 2" + (", assumed beyond 2" if self.gpus > 2 else ""))
         return said
 
     def __str__(self) -> str:
         if self.seconds is None:
             took = f"about {duration(self.seconds_per_step)} a step" if self.seconds_per_step else "time unknown"
         else:
-            took = f"about {duration(self.seconds)}"
-            paid = f"cost {self.cost:,.2f} at {self.price_per_gpu_hour:g} per GPU-hour" if self.cost is not None else ""
-            if self.gpus > 1 or paid:
-                took += f" ({', '.join(filter(None, [f'{self.gpu_hours:,.1f} GPU-hours' * (self.gpus > 1), paid]))})"
+            notes = [f"{self.gpu_hours:,.1f} GPU-hours"] if self.gpus > 1 else []
+            if self.cost is not None:
+                notes.append(f"cost {self.cost:,.2f} at {self.price_per_gpu_hour:g} per GPU-hour")
+            took = f"about {duration(self.seconds)}" + (f" ({', '.join(notes)})" if notes else "")
         return f"{took} on {self.gpus} x {self.gpu} at {100 * self.mfu:.0f} % MFU ({self.source()})"
 
 
@@ -139,7 +141,8 @@ def duration(seconds: float) -> str:
 
 
 def tokens_to_train(*, max_steps: int | None, per_device_train_batch_size: int, gradient_accumulation_steps: int = 1,
-                    gpus: int, seq_len: int, dataset_tokens: int | None = None, num_train_epochs: float = 1) -> int | None:
+                    gpus: int, seq_len: int, dataset_tokens: int | None = None,
+                    num_train_epochs: float = 1) -> int | None:
     """Tokens the run trains on: max_steps (> 0) of the global batch of full sequences, else the data set's tokens x
     num_train_epochs, else None (not known before the data is read)."""
     if max_steps is not None and max_steps > 0:
