@@ -83,16 +83,20 @@ CASES = [
     NotebookCase(
         "notebooks/00_getting_started.ipynb",
         parameters={"output_dir": "{output_dir}", "num_gpus": None},
-        expect={"world_size": ("==", 2), "ranks_returned": ("==", [0, 1]), "error_named_rank": ("==", 1)},
+        expect={"world_size": ("==", 2), "ranks_returned": ("==", [0, 1]), "error_named_rank": ("==", 1),
+                "straggler_rank": ("==", 1)},  # the straggler demo: the last rank's data is late
         timeout=120,
-        output_contains=("[rank 0] hello from rank 0 of 2", "[rank 1] hello from rank 1 of 2"),
+        output_contains=("[rank 0] hello from rank 0 of 2", "[rank 1] hello from rank 1 of 2",
+                         "@distributed: last_rank_waits_for_data(): rank 1 was ", "of its extra time waiting for data"),
     ),
     NotebookCase(  # one rank (one GPU, or one CPU process): the failing-rank demo fails on rank 0 and says so
         "notebooks/00_getting_started.ipynb",
         parameters={"output_dir": "{output_dir}", "num_gpus": 1},
-        expect={"world_size": ("==", 1), "ranks_returned": ("==", [0]), "error_named_rank": ("==", 0)},
+        expect={"world_size": ("==", 1), "ranks_returned": ("==", [0]), "error_named_rank": ("==", 0),
+                "straggler_rank": ("==", None)},
         timeout=120,
-        output_contains=("[rank 0] hello from rank 0 of 1", "one rank: the failing rank is rank 0 itself"),
+        output_contains=("[rank 0] hello from rank 0 of 1", "one rank: the failing rank is rank 0 itself",
+                         "one rank: nobody to hold back"),
     ),
     NotebookCase(  # without GPUs every run is one CPU process: all three train at once
         "notebooks/01_sweeps_and_remote.ipynb",
@@ -133,6 +137,9 @@ CASES = [
             "world_size": ("==", 2),
             "final_loss": ("<", 0.1),
             "final_loss_vs_initial": ("<", 0.3),
+            # StepTimes timed every step of both ranks (16 a rank an epoch, the first has no start): even, nobody named
+            "step_times.steps": ("==", [159, 159]),
+            "step_times.straggler_rank": ("==", None),
         },
         timeout=180,
         output_contains=("[rank 0]", "parameters identical on all 2 ranks: True"),
@@ -145,6 +152,7 @@ CASES = [
             "world_size": ("==", 1),
             "final_loss": ("<", 0.1),
             "final_loss_vs_initial": ("<", 0.3),
+            "step_times.steps": ("==", [159]),
             "mlflow.params.learning_rate": ("==", "0.003"),  # the project's store holds the run and its model
             "mlflow.metrics.train_loss": ("<", 0.1),
             **LOADABLE_MLFLOW_MODEL,
@@ -163,6 +171,7 @@ CASES = [
             "world_size": ("==", 1),
             "final_loss": ("<", ("initial_loss", 0.8)),
             "hooks.record_lightning_trainer.cluster_environment": ("==", ["TorchElasticEnvironment"]),
+            "step_times.steps": ("==", [3 * 21 - 1]),  # lightning_callback() timed each batch (21 an epoch) but the first
         },
         hooks=("record_lightning_trainer",),
         timeout=180,
@@ -274,6 +283,7 @@ CASES = [
         expect={
             "world_size": ("==", 2),
             "hooks.record_trainer.ranks": ("==", [0, 1]),
+            "step_times.steps": ("==", [19, 19]),  # the notebook's StepTimer (a Trainer callback) timed every step
             "final_loss_vs_initial": ("<", 0.99),  # it reaches 0.976 on packed rows; at learning rate 0 1.000
             "mlflow.metrics.mean_token_accuracy": (">", 0.1),  # the Trainer's last logged one
         },
