@@ -139,6 +139,7 @@ def test_fsdp_llama_workload_shards_trains_saves_full_model_and_two_nodes_resume
             *tracked_runs(tmp_path, "fsdp_llama_3_1_8b_multinode", params, "loss")]
     assert runs[0].info.run_id == platform_run.info.run_id
     assert [r.data.metrics["final_loss"] for r in runs] == pytest.approx([metrics["final_loss"], again["final_loss"]])
+    assert all(r.data.metrics["system/rank_1_step_time_ms"] > 0 for r in runs)  # StepTimes: rank 1's, gathered at the end
     assert_logged_text_generator(tmp_path, runs[0])
 
 
@@ -181,6 +182,7 @@ def test_fsdp2_qwen3_workload_and_two_nodes_resuming_from_its_distributed_checkp
             *tracked_runs(tmp_path, "fsdp2_qwen3_multinode", params, "loss")]
     assert runs[0].info.run_id == platform_run.info.run_id
     assert [r.data.metrics["final_loss"] for r in runs] == pytest.approx([first["final_loss"], second["final_loss"]])
+    assert all(r.data.metrics["system/rank_1_step_time_ms"] > 0 for r in runs)  # StepTimes: rank 1's, gathered at the end
     assert_logged_text_generator(tmp_path, runs[1])
 
 
@@ -451,6 +453,7 @@ def test_deepspeed_invoices_workload_partitions_and_lowers_eval_loss(tmp_path, s
                          {"learning_rate": "0.003", "max_predict_samples": "4"}, "loss")  # the platform's run
     assert run.info.run_id == platform_run.info.run_id
     assert run.data.metrics["after_json_valid"] == metrics["after"]["json_valid"]
+    assert run.data.metrics["system/rank_1_step_time_ms"] > 0  # StepTimer: rank 1's step times, gathered at the end
     assert_logged_text_generator(tmp_path, run)
 
 

@@ -24,18 +24,20 @@ class StepTimer(TrainerCallback):
     benchmark compares. Needs `include_num_input_tokens_seen` ("all" or "non_padding") in the arguments.
     It also records this rank's StepTimes (its wait for each batch, its forward passes, its steps) for the report of
     which rank held the others back: `@distributed` prints it after the launch; under torchrun rank 0 at the end of
-    training.
+    training. synchronize=False: no host-device sync at the end of a step (the report needs none; tokens/s then
+    counts steps as queued, which a long run's average hardly changes).
     """
 
-    def __init__(self):
+    def __init__(self, synchronize: bool = True):
         self.times, self.tokens = [], []
+        self.synchronize = synchronize
         self.step_times = None
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self.step_times = StepTimes(model)
 
     def on_step_end(self, args, state, control, **kwargs):
-        if torch.cuda.is_available():
+        if self.synchronize and torch.cuda.is_available():
             torch.cuda.synchronize()  # the step's kernels are done, not just queued
         self.times.append(time.perf_counter())
         self.tokens.append(state.num_input_tokens_seen)

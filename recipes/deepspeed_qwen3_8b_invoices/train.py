@@ -36,6 +36,7 @@ from trl import ModelConfig, ScriptArguments, SFTConfig, SFTTrainer, TrlParser
 
 from nbhelpers.training import checkpoints
 from nbhelpers.training.metrics import peak_memory_bytes, write_metrics
+from nbhelpers.training.trainer_log import StepTimer
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # recipes/: recipe_common.py, what the recipes share
@@ -126,11 +127,13 @@ def held_out_scores(model_path, rows, recipe_args, device) -> dict:
 
 
 def make_trainer(script_args, training_args, model_args, splits) -> SFTTrainer:
-    """TRL's SFTTrainer as sft.py builds it, plus the callback that seals every checkpoint-N after it is saved."""
+    """TRL's SFTTrainer as sft.py builds it, plus the callback that seals every checkpoint-N after it is saved and the
+    one that times each rank's steps (at the end rank 0 names a rank that held the others back, and why)."""
     training_args.model_init_kwargs = {"dtype": model_args.dtype, "revision": model_args.model_revision,
                                        "attn_implementation": model_args.attn_implementation}
     return SFTTrainer(model=model_args.model_name_or_path, args=training_args, train_dataset=splits["train"],
-                      eval_dataset=splits["test"], callbacks=[checkpoints.trainer_callback()])
+                      eval_dataset=splits["test"], callbacks=[checkpoints.trainer_callback(),
+                                                                      StepTimer(synchronize=False)])
 
 
 def train(trainer, training_args) -> dict:

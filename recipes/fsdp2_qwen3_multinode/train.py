@@ -47,6 +47,7 @@ from trl.chat_template_utils import get_training_chat_template
 from nbhelpers.planner.flops import FLOP_FORMULA, peak_flops
 from nbhelpers.training import checkpoints
 from nbhelpers.training.metrics import peak_memory_bytes, write_metrics
+from nbhelpers.training.step_times import StepTimes
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # recipes/: recipe_common.py, what the recipes share
@@ -349,6 +350,7 @@ def train(model, optimizer, batches, args, resumed: Resumed, checkpoint_dir: Pat
     step_losses, saved = [], []  # this run's per-step loss tensors; the checkpoints it wrote
     timing_from = resumed.step + args.timing_warmup_steps  # steps before it warm up (and compile)
     timed_start, first_step_s = None, None
+    step_times = StepTimes(model)  # each rank's wait for data and forward passes: the straggler report at the end
     for step in tqdm(range(resumed.step, args.max_steps), disable=rank != 0, desc="train", mininterval=5):
         if step == timing_from:
             if on_gpu:
@@ -359,6 +361,7 @@ def train(model, optimizer, batches, args, resumed: Resumed, checkpoint_dir: Pat
             group["lr"] = learning_rate(step, args)
         micro_batches = [next(batches) for _ in range(args.gradient_accumulation_steps)]
         step_losses.append(train_step(model, optimizer, loss_fn, micro_batches, device, args.max_grad_norm))
+        step_times.step_done()
         if step == resumed.step:
             first_step_s = time.perf_counter() - step_started  # includes torch.compile
             checkpoints.check_resumed_loss(step_losses[0].item(), resumed.path)
@@ -372,6 +375,7 @@ def train(model, optimizer, batches, args, resumed: Resumed, checkpoint_dir: Pat
         if args.save_steps and done % args.save_steps == 0 and done < args.max_steps:
             losses = resumed.losses + [x.item() for x in step_losses]
             saved.append(str(save_checkpoint(model, optimizer, done, losses, checkpoint_dir, args.save_total_limit)))
+    step_times.close()  # rank 0 names a rank that held the others back, and why (a collective)
     if on_gpu:
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - timed_start if timed_start is not None else None

@@ -37,6 +37,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 from nbhelpers.planner.flops import FLOP_FORMULA, peak_flops
 from nbhelpers.training import checkpoints
 from nbhelpers.training.metrics import peak_memory_bytes, write_metrics
+from nbhelpers.training.step_times import StepTimes
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # recipes/: recipe_common.py, what the recipes share
@@ -213,6 +214,7 @@ def train(model, optimizer, tokenizer, samples, args, device, tracking, resumed:
               f"{accumulation} x {world_size} samples", flush=True)
     model.train()
     losses, tokens, timed_start = list(resumed.losses), torch.zeros(2, dtype=torch.float64), None  # labelled, all
+    step_times = StepTimes(model)  # each rank's wait for data and forward passes: the straggler report at the end
     saved = []
     for step in tqdm(range(resumed.step, total_steps), disable=rank != 0, desc="train", mininterval=5):
         if step == resumed.step + args.timing_warmup_steps:
@@ -223,6 +225,7 @@ def train(model, optimizer, tokenizer, samples, args, device, tracking, resumed:
             group["lr"] = learning_rate(step, total_steps, args)
         micro_batches = [{k: v.to(device) for k, v in next(data).items()} for _ in range(accumulation)]
         losses.append(train_step(model, optimizer, micro_batches, device, args.max_grad_norm).item())
+        step_times.step_done()
         if step == resumed.step:
             checkpoints.check_resumed_loss(losses[-1], resumed.path)
         tokens += torch.tensor([sum(float((mb["labels"] != -100).sum()) for mb in micro_batches),
@@ -235,6 +238,7 @@ def train(model, optimizer, tokenizer, samples, args, device, tracking, resumed:
                                      step=step + 1)
         if args.save_steps and (step + 1) % args.save_steps == 0 and step + 1 < total_steps:
             saved.append(str(save_checkpoint(model, optimizer, step + 1, losses, checkpoint_dir, args.save_total_limit)))
+    step_times.close()  # rank 0 names a rank that held the others back, and why (a collective)
     if device.type == "cuda":
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - timed_start if timed_start else None
