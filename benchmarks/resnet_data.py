@@ -1,14 +1,19 @@
-"""ResNet-50 training on one GPU, side by side, fed three ways (issue 21 §1), all from one folder of JPEGs
+"""ResNet-50 training on one GPU, side by side, fed several ways (issues 21 §1 and 59), all from one folder of JPEGs
 written to local disk at the start:
 
   (a) synthetic: one batch of random tensors already on the GPU, reused: the ceiling a data path can approach;
   (b) dataloader: the recipe's first data path (PIL decoding + torchvision transforms in DataLoader processes);
   (c) device: the recipe's data path now (recipes/ray_resnet50/gpu_images.py: nvJPEG batches, one-gather crops),
-  (a) and (c) eager and with torch.compile; plus a profile of where (c)'s time goes (file reads, host-to-device
-  copy of the JPEG bytes, decode, crop/resize, each alone; the step alone is (a)) and a check that the GPU
-  path gives the CPU path's pixels. The training step is the recipe's (recipes/ray_resnet50/train.py):
-  bf16 autocast, channels_last, AdamW, no Ray (the recipe under Ray Train is benchmarks/gpu/resnet_data.sh's
-  optional second stage).
+      `--prefetch_batches` ahead of the step on a stream of its own, and (c0) the same in turn with the step
+      (prefetch_batches 0, the baseline of the overlap);
+  (d) synthetic, with the device path making one batch per step beside it, on its own streams, its batches dropped:
+      the step slowed only by sharing the GPU with the data path's work, which no overlap can hide;
+  (a), (c), (c0) and (d) eager and with torch.compile; plus a profile of where (c)'s time goes (file reads,
+  host-to-device copy of the JPEG bytes, decode, crop/resize, each alone; the step alone is (a)), a profile of
+  the GPU's streams while (a) and (c) train (is the step's stream ever idle, waiting for data, and how much of the
+  data path's GPU time runs beside the step's kernels), and a check that the GPU path gives the CPU path's pixels.
+  The training step is the recipe's (recipes/ray_resnet50/train.py): bf16 autocast, channels_last, AdamW, no Ray
+  (the recipe under Ray Train is benchmarks/gpu/resnet_data.sh's optional second stage).
 
     python benchmarks/resnet_data.py --output_dir OUT [--train_images 32000] [--per_device_train_batch_size 256]
 
@@ -18,6 +23,8 @@ On CPU (a dry run of the logic): `--train_images 96 --max_side 64 --image_size 3
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gzip
 import io
 import json
 import multiprocessing
@@ -25,8 +32,10 @@ import os
 import platform
 import sys
 import tempfile
+import threading
 import time
 import traceback
+from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
@@ -39,7 +48,7 @@ import torchvision
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "recipes" / "ray_resnet50"))
 sys.path.insert(0, str(REPO / "data"))
-from gpu_images import DataLoaderBatches, JpegFolderLoader, decode_on_gpu  # noqa: E402
+from gpu_images import DataLoaderBatches, HostBuffers, JpegFolderLoader  # noqa: E402
 from make_image_folders import IMAGENETTE_CLASSES  # noqa: E402
 
 # ImageNet's common shapes (width, height) and how often: mean about 0.21 megapixels, as ImageNet's training set.
@@ -173,24 +182,59 @@ def pipeline_alone(batches, device, warmup: int, steps: int) -> dict:
     return dict(images_per_s=images / (time.perf_counter() - started))
 
 
-# --- the profile of the device path's stages, each alone -------------------------------------------------
+def training_beside(model, optimizer, batch, loader, device, warmup: int, steps: int, bf16: bool) -> dict:
+    """timed_training on the synthetic `batch` while another thread takes one of `loader`'s batches per step and drops
+    it, on a stream of its own (the step's stream waits for nothing): the data path's GPU work beside the step."""
+    permits, stop, failed = threading.Semaphore(0), threading.Event(), []
+
+    def drain():
+        batches = endless(loader)
+        try:
+            with torch.cuda.stream(torch.cuda.Stream(device)) if device.type == "cuda" else contextlib.nullcontext():
+                while not stop.is_set():
+                    if permits.acquire(timeout=0.1):
+                        next(batches)
+        except Exception as err:  # noqa: BLE001 - raised in the timing thread below
+            failed.append(err)
+        finally:
+            batches.close()
+
+    def paced():
+        while True:
+            permits.release()
+            yield batch
+
+    thread = threading.Thread(target=drain, name="data-beside", daemon=True)
+    thread.start()
+    try:
+        result = timed_training(model, optimizer, paced(), device, warmup, steps, bf16)
+    finally:
+        stop.set()
+        thread.join()
+    if failed:
+        raise failed[0]
+    return result
+
+
+# --- where the GPU's time goes: each stage of the device path alone; the streams while it trains ------------------
 
 def profile_stages(loader: JpegFolderLoader, device: torch.device, batches: int) -> dict:
     loader.set_epoch(0)
     plan = loader.batches()[:batches]
+    buffers = HostBuffers(len(plan), pinned=device.type == "cuda")
     with ThreadPoolExecutor(loader.read_threads) as pool:
         started = time.perf_counter()
-        jobs = [loader.start_read(pool, b) for b in plan]
+        jobs = [loader.read(pool, b, buffers) for b in plan]
         for job in jobs:
-            for future in job[-1]:
+            for future in job.futures:
                 future.result()
         read_s = time.perf_counter() - started
-    nbytes = sum(int(job[4].sum()) for job in jobs)
+    nbytes = sum(int(job.sizes.sum()) for job in jobs)
     images = sum(len(b) for b in plan)
     result = dict(batches=len(plan), images=images, mean_kb=nbytes / images / 1e3, nvjpeg=loader.uses_nvjpeg,
                   read=dict(images_per_s=images / read_s, mb_per_s=nbytes / read_s / 1e6, threads=loader.read_threads))
     if device.type == "cuda":
-        pinned = jobs[0][2]
+        pinned = jobs[0].buffer
         pageable = torch.from_numpy(pinned.numpy().copy())
         for name, source in (("pinned", pinned), ("pageable", pageable)):
             source.to(device, non_blocking=True)
@@ -201,11 +245,10 @@ def profile_stages(loader: JpegFolderLoader, device: torch.device, batches: int)
             synchronize(device)
             result[f"h2d_{name}_gb_s"] = 10 * source.numel() / (time.perf_counter() - started) / 1e9
         decoded_batches, decode_s, augment_s = [], 0.0, 0.0
-        for number, (indices, paths, buffer, offsets, sizes, _) in enumerate(jobs):
-            jpegs = [buffer[o: o + s] for o, s in zip(offsets.tolist(), sizes.tolist())]
+        for number, job in enumerate(jobs):
             synchronize(device)
             started = time.perf_counter()
-            decoded = decode_on_gpu(jpegs, paths, device)
+            decoded = loader.decode(job)
             synchronize(device)
             if number:  # the first call sets nvJPEG up
                 decode_s += time.perf_counter() - started
@@ -219,6 +262,83 @@ def profile_stages(loader: JpegFolderLoader, device: torch.device, batches: int)
         result["decode"] = dict(images_per_s=timed / decode_s, ms_per_batch=decode_s / (len(jobs) - 1) * 1e3)
         result["augment"] = dict(images_per_s=timed / augment_s, ms_per_batch=augment_s / (len(jobs) - 1) * 1e3)
     return result
+
+
+def busy_spans(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of (start, end) intervals, as sorted disjoint intervals."""
+    merged: list[list[float]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(a, b) for a, b in merged]
+
+
+def overlap(first: list[tuple[float, float]], second: list[tuple[float, float]]) -> float:
+    """Time covered by both of two lists of sorted disjoint intervals."""
+    total, i, j = 0.0, 0, 0
+    while i < len(first) and j < len(second):
+        total += max(0.0, min(first[i][1], second[j][1]) - max(first[i][0], second[j][0]))
+        if first[i][1] < second[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def gpu_streams(events: list[dict], steps: int) -> dict:
+    """From a profiler trace's GPU events (microseconds): the step's stream (the busiest) and its idle time between
+    the first and the last GPU event, and the other streams' (the data path's: our decoding stream, nvJPEG's) time,
+    with the share of it that ran beside the step's kernels. The step's stream idle longer than the synthetic run's
+    means it waited for data; the step's kernels slower than the synthetic run's means they shared the GPU."""
+    spans, names = defaultdict(list), defaultdict(Counter)
+    for event in events:
+        if event.get("ph") == "X" and event.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+            stream = event.get("args", {}).get("stream", event.get("tid"))
+            spans[stream].append((event["ts"], event["ts"] + event["dur"]))
+            names[stream][event["name"][:70]] += event["dur"]
+    if not spans:
+        raise ValueError("no GPU events in the trace")
+    merged = {stream: busy_spans(s) for stream, s in spans.items()}
+    busy = {stream: sum(b - a for a, b in m) for stream, m in merged.items()}
+    step_stream = max(busy, key=busy.get)
+    data = busy_spans([span for stream, m in merged.items() if stream != step_stream for span in m])
+    data_busy = sum(b - a for a, b in data)
+    window = max(b for m in merged.values() for _, b in m) - min(m[0][0] for m in merged.values())
+    per_step = 1e-3 / steps  # microseconds -> ms per step
+    return dict(
+        steps=steps, window_ms_per_step=window * per_step, step_stream=step_stream,
+        step_kernels_ms_per_step=busy[step_stream] * per_step,
+        step_stream_idle_ms_per_step=(window - busy[step_stream]) * per_step,
+        data_streams_ms_per_step=data_busy * per_step,
+        data_beside_step_share=overlap(merged[step_stream], data) / data_busy if data_busy else None,
+        streams={str(stream): dict(ms_per_step=busy[stream] * per_step,
+                                   top=[(name, round(us * per_step, 3)) for name, us in names[stream].most_common(4)])
+                 for stream in sorted(busy, key=busy.get, reverse=True)})
+
+
+def stream_profile(model, optimizer, batches, device, bf16: bool, steps: int, trace: Path) -> dict:
+    """A few training steps under torch.profiler (GPU activity only): gpu_streams of their trace, kept gzipped."""
+    from torch.profiler import ProfilerActivity, profile
+
+    totals = torch.zeros(3, device=device)
+    for _ in range(3):
+        train_step(model, optimizer, *next(batches), totals, bf16)
+    synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as profiler:
+        started = time.perf_counter()
+        for _ in range(steps):
+            train_step(model, optimizer, *next(batches), totals, bf16)
+        synchronize(device)
+        wall = time.perf_counter() - started
+    raw = trace.with_suffix("")  # .json
+    profiler.export_chrome_trace(str(raw))
+    events = json.loads(raw.read_text())["traceEvents"]
+    with open(raw, "rb") as f, gzip.open(trace, "wb") as g:
+        g.write(f.read())
+    raw.unlink()
+    return dict(wall_ms_per_step=wall * 1e3 / steps, **gpu_streams(events, steps))
 
 
 def gpu_matches_cpu(val_root: Path, device: torch.device, image_size: int) -> dict:
@@ -250,6 +370,10 @@ def main(argv=None) -> None:
     parser.add_argument("--dataloader_num_workers", type=int, default=max(1, (os.cpu_count() or 2) - 2),
                         help="DataLoader processes of the old path")
     parser.add_argument("--read_threads", type=int, default=8)
+    parser.add_argument("--prefetch_batches", type=int, default=3, help="the device path's overlap (the recipe's flag)")
+    parser.add_argument("--dataloader_path", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time the old DataLoader path")
+    parser.add_argument("--profile_steps", type=int, default=10, help="steps of each stream profile (GPU only; 0: none)")
     parser.add_argument("--torch_compile", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--data_only", action="store_true", help="write the JPEG folder to --data_dir and stop")
@@ -284,7 +408,9 @@ def main(argv=None) -> None:
         save("data")
         batch, size = args.per_device_train_batch_size, args.image_size
         common = dict(batch_size=batch, image_size=size, device=device, train=True, seed=0)
-        device_loader = JpegFolderLoader(root / "train", read_threads=args.read_threads, **common)
+        device_loader = JpegFolderLoader(root / "train", read_threads=args.read_threads,
+                                         prefetch_batches=args.prefetch_batches, **common)
+        in_turn_loader = JpegFolderLoader(root / "train", read_threads=args.read_threads, prefetch_batches=0, **common)
         num_classes = device_loader.num_classes
         warmup, steps = args.timing_warmup_steps, args.timed_steps
 
@@ -318,6 +444,31 @@ def main(argv=None) -> None:
             while True:
                 yield item
 
+        def profiled(name: str, batches_of):
+            """The streams while `batches_of()` feeds the step (GPU only)."""
+            if device.type != "cuda" or not args.profile_steps:
+                return
+            batches = batches_of()
+            try:
+                attempt(results.setdefault("stream_profiles", {}), name, lambda: stream_profile(
+                    model, optimizer, batches, device, bf16, args.profile_steps, out / f"trace_{name}.json.gz"))
+            finally:
+                if hasattr(batches, "close"):
+                    batches.close()
+
+        def each_feed(mode: str) -> None:
+            """The step fed each way, `mode` eager or compiled; the synthetic ceiling first (it compiles the model)."""
+            started = time.perf_counter()
+            attempt(runs, f"synthetic_{mode}", lambda: {
+                **timed_training(model, optimizer, repeat(synthetic), device, warmup, steps, bf16),
+                "first_step_and_warmup_s": time.perf_counter() - started})
+            attempt(runs, f"device_{mode}", lambda: trained_by(device_loader))
+            attempt(runs, f"device_{mode}_no_overlap", lambda: trained_by(in_turn_loader))
+            attempt(runs, f"synthetic_{mode}_data_beside", lambda: training_beside(
+                model, optimizer, synthetic, device_loader, device, warmup, steps, bf16))
+            profiled(f"synthetic_{mode}", lambda: repeat(synthetic))
+            profiled(f"device_{mode}", lambda: endless(device_loader))
+
         if device.type == "cuda":
             attempt(results, "check", lambda: gpu_matches_cpu(root / "val", device, size))
         attempt(results, "profile", lambda: profile_stages(device_loader, device, batches=min(12, len(device_loader))))
@@ -328,17 +479,14 @@ def main(argv=None) -> None:
         synthetic = (torch.randn(batch, 3, size, size, device=device).contiguous(memory_format=memory_format),
                      torch.randint(0, num_classes, (batch,), device=device))
         runs = results["runs"]
-        attempt(runs, "synthetic_eager", lambda: timed_training(model, optimizer, repeat(synthetic), device, warmup, steps, bf16))
-        attempt(runs, "device_eager", lambda: trained_by(device_loader))
-        attempt(runs, "dataloader_eager", lambda: trained_by(  # its worker processes end with the loader
-            DataLoaderBatches(root / "train", dataloader_num_workers=args.dataloader_num_workers, **common), also_alone=True))
+        each_feed("eager")
+        if args.dataloader_path:
+            attempt(runs, "dataloader_eager", lambda: trained_by(  # its worker processes end with the loader
+                DataLoaderBatches(root / "train", dataloader_num_workers=args.dataloader_num_workers, **common),
+                also_alone=True))
         if args.torch_compile:
             model.compile()  # in place, as the recipe's --torch_compile
-            started = time.perf_counter()
-            attempt(runs, "synthetic_compiled", lambda: {
-                **timed_training(model, optimizer, repeat(synthetic), device, warmup, steps, bf16),
-                "compile_and_warmup_s": time.perf_counter() - started})
-            attempt(runs, "device_compiled", lambda: trained_by(device_loader))
+            each_feed("compiled")
         results["device_loader_stats"] = device_loader.stats
     finally:
         if scratch is not None:
@@ -368,14 +516,29 @@ def summary_line(results: dict) -> str:
         except (KeyError, TypeError, ZeroDivisionError):
             return ""
 
+    def both(name: str) -> str:  # "eager (share) / compiled (share)"
+        return " / ".join(f"{figure(runs, name.format(mode), 'images_per_s')}{share(name.format(mode), f'synthetic_{mode}')}"
+                          for mode in ("eager", "compiled"))
+
+    def streams(mode: str) -> str:
+        device, synthetic = (results.get("stream_profiles", {}).get(f"{name}_{mode}", {}) for name in ("device", "synthetic"))
+        try:
+            return (f"{mode}: step kernels {device['step_kernels_ms_per_step']:.1f} ms/step (synthetic "
+                    f"{synthetic['step_kernels_ms_per_step']:.1f}), step's stream idle {device['step_stream_idle_ms_per_step']:.1f}"
+                    f" ({synthetic['step_stream_idle_ms_per_step']:.1f}), data path {device['data_streams_ms_per_step']:.1f} ms/step, "
+                    f"{device['data_beside_step_share']:.0%} beside the step's kernels")
+        except (KeyError, TypeError):
+            return f"{mode}: -"
+
     env = results.get("environment", {})
     return (f"resnet_data {env.get('date', '')[:10]} {env.get('device', '?')}, batch "
-            f"{results['settings']['per_device_train_batch_size']}, {results['data']['mean_kb']:.0f} kB JPEGs, images/s: "
-            f"synthetic {figure(runs, 'synthetic_eager', 'images_per_s')} eager / "
-            f"{figure(runs, 'synthetic_compiled', 'images_per_s')} compiled | old DataLoader path "
-            f"{figure(runs, 'dataloader_eager', 'images_per_s')} | device path {figure(runs, 'device_eager', 'images_per_s')} "
-            f"eager{share('device_eager', 'synthetic_eager')} / {figure(runs, 'device_compiled', 'images_per_s')} compiled"
-            f"{share('device_compiled', 'synthetic_compiled')} | alone: file reads {figure(profile, 'read', 'images_per_s')}, "
+            f"{results['settings']['per_device_train_batch_size']}, {results['data']['mean_kb']:.0f} kB JPEGs, images/s "
+            f"eager / compiled: synthetic (the ceiling) {both('synthetic_{}')} | device path, "
+            f"{results['settings']['prefetch_batches']} batches ahead: {both('device_{}')}; in turn with the step: "
+            f"{both('device_{}_no_overlap')} | the ceiling with the device path's work beside it: "
+            f"{both('synthetic_{}_data_beside')} | old DataLoader path {figure(runs, 'dataloader_eager', 'images_per_s')} "
+            f"| streams {streams('eager')}; {streams('compiled')} "
+            f"| alone: file reads {figure(profile, 'read', 'images_per_s')}, "
             f"nvJPEG {figure(profile, 'decode', 'images_per_s')}, crops {figure(profile, 'augment', 'images_per_s')}, "
             f"device path {figure(profile, 'device_pipeline_alone', 'images_per_s')}, DataLoader path "
             f"{figure(runs, 'dataloader_eager', 'pipeline_alone', 'images_per_s')}")

@@ -6,6 +6,7 @@ import json
 import re
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -67,14 +68,18 @@ def test_batches_are_normalised_float_channels_last_images_whose_colours_match_t
 def test_resized_crops_match_cropping_then_bilinear_interpolation_and_flip_mirrors(tmp_path):
     image = torch.randint(0, 256, (3, 40, 50), dtype=torch.uint8)
     other = torch.randint(0, 256, (3, 21, 17), dtype=torch.uint8)
-    flat = torch.cat([image.reshape(-1), other.reshape(-1)])
-    boxes = [(image, 0, (3, 5, 20, 30, 0)), (image, 0, (0, 0, 40, 50, 1)), (other, image.numel(), (2, 1, 9, 13, 0))]
+    # resized_crops reads the spare element past the end (weight 0) for a crop at the last image's bottom-right corner
+    flat = torch.cat([image.reshape(-1), other.reshape(-1), torch.tensor([255], dtype=torch.uint8)])
+    boxes = [(image, 0, (3, 5, 20, 30, 0)), (image, 0, (0, 0, 40, 50, 1)), (other, image.numel(), (2, 1, 9, 13, 0)),
+             (other, image.numel(), (0, 4, 21, 13, 0)), (other, image.numel(), (20, 16, 1, 1, 1))]
     params = torch.tensor([[offset, *img.shape[1:], *box] for img, offset, box in boxes])
-    got = resized_crops(flat, params, 32, torch.ones(3), torch.zeros(3))  # upsampling and downsampling
-    for out, (img, _, (top, left, h, w, flip)) in zip(got, boxes):
-        ref = F.interpolate(img[None, :, top:top + h, left:left + w].float(), size=(32, 32), mode="bilinear",
-                            align_corners=False, antialias=False)[0]
-        assert torch.allclose(out, ref.flip(-1) if flip else ref, atol=1e-3)
+    for size in (32, 8):  # upsampling and downsampling
+        got = resized_crops(flat, params, size, torch.ones(3), torch.zeros(3))
+        assert got.is_contiguous(memory_format=torch.channels_last)
+        for out, (img, _, (top, left, h, w, flip)) in zip(got, boxes):
+            ref = F.interpolate(img[None, :, top:top + h, left:left + w].float(), size=(size, size), mode="bilinear",
+                                align_corners=False, antialias=False)[0]
+            assert torch.allclose(out, ref.flip(-1) if flip else ref, atol=1e-3), (size, top, left, h, w, flip)
 
 
 def test_random_crops_differ_per_image_and_repeat_with_the_same_seed_and_epoch(tmp_path):
@@ -126,6 +131,94 @@ def test_each_rank_yields_the_labels_of_its_own_shard_in_order(tmp_path):
         shard.set_epoch(2)
         read = torch.cat([labels for _, labels in shard]).tolist()
         assert read == shard.labels[shard.epoch_indices()[:10]].tolist()  # 10 of each rank's 10: two full batches
+
+
+def photos_of_many_sizes(root: Path, classes: int = 3, per_class: int = 9) -> Path:
+    """ROOT/c<k>/*.jpg: noise photos of different sizes, so every image, crop and label tells batches apart."""
+    rng = np.random.default_rng(4)
+    for label in range(classes):
+        (root / f"c{label}").mkdir(parents=True)
+        for i in range(per_class):
+            h, w = rng.integers(20, 60, 2)
+            Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(root / f"c{label}" / f"{i}.jpg")
+    return root
+
+
+def epochs_seen(make, epochs, slow_step: float = 0.0) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Every batch that reaches the step, per epoch, from one loader made by make(), as a worker group makes it."""
+    seen, batches = [], make()
+    for epoch in epochs:
+        batches.set_epoch(epoch)
+        seen.append([])
+        for images, labels in batches:
+            seen[-1].append((images.clone(), labels.clone()))
+            time.sleep(slow_step)  # a slow step: the loader's queue fills up
+    return seen
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_the_overlap_changes_nothing_that_reaches_the_step_nor_its_order_also_after_a_resume(tmp_path, train):
+    root = photos_of_many_sizes(tmp_path)
+    settings = dict(batch_size=4, train=train, rank=1, world_size=2, seed=7)
+    in_turn = epochs_seen(lambda: loader(root, prefetch_batches=0, **settings), [0, 1, 2])
+    assert [len(epoch) for epoch in in_turn] == ([3] * 3 if train else [4] * 3)  # 13 files per rank; val keeps 1 more
+    labels = [torch.cat([l for _, l in epoch]) for epoch in in_turn]
+    shard = loader(root, **settings)
+    for epoch, got in enumerate(labels):
+        shard.set_epoch(epoch)
+        assert got.tolist() == shard.labels[np.concatenate(shard.batches())].tolist()
+    if train:
+        assert not torch.equal(in_turn[0][0][0], in_turn[1][0][0]), "epochs 0 and 1 began alike: no reshuffle"
+    runs = {
+        "1 batch ahead": epochs_seen(lambda: loader(root, prefetch_batches=1, **settings), [0, 1, 2]),
+        "3 ahead, slow step": epochs_seen(lambda: loader(root, prefetch_batches=3, **settings), [0, 1, 2], 0.02),
+        # a worker group restarted after a failure in epoch 1 builds new loaders and begins at epoch 1
+        "resumed at epoch 1": [in_turn[0]] + epochs_seen(lambda: loader(root, prefetch_batches=3, **settings), [1, 2]),
+    }
+    for name, run in runs.items():
+        assert len(run) == len(in_turn), name
+        for epoch, (want, got) in enumerate(zip(in_turn, run)):
+            assert len(got) == len(want), (name, epoch)
+            for number, ((want_images, want_labels), (images, labels)) in enumerate(zip(want, got)):
+                assert torch.equal(labels, want_labels), (name, epoch, number)
+                assert torch.equal(images, want_images), (name, epoch, number)
+
+
+def test_an_epoch_stopped_halfway_begins_again_from_its_first_batch(tmp_path):
+    root = photos_of_many_sizes(tmp_path)
+    whole = epochs_seen(lambda: loader(root, batch_size=4, prefetch_batches=2), [1])[0]
+    stopped = loader(root, batch_size=4, prefetch_batches=2)
+    stopped.set_epoch(1)
+    epoch = iter(stopped)
+    next(epoch), next(epoch)
+    epoch.close()  # the worker died here
+    again = [(images, labels) for images, labels in stopped]
+    assert len(again) == len(whole) == 6
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(again, whole))
+
+
+def test_the_loader_runs_at_most_prefetch_batches_ahead_of_the_step(tmp_path, monkeypatch):
+    root = photos_of_many_sizes(tmp_path)  # 27 files: 13 batches of 2
+    made = []
+    finish = JpegFolderLoader.finish_batch
+    monkeypatch.setattr(JpegFolderLoader, "finish_batch", lambda self, *a: made.append(1) or finish(self, *a))
+    for depth in (1, 3):
+        made.clear()
+        ahead = []
+        for taken, _ in enumerate(loader(root, batch_size=2, prefetch_batches=depth), start=1):
+            if taken == 1:  # a long first step: let the loader go as far ahead as it may (a liveness wait, not a timing)
+                deadline = time.monotonic() + 60
+                while len(made) < depth + 2 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                time.sleep(0.05)
+            ahead.append(len(made) - taken)
+        # `depth` batches wait in the queue, and one more in the thread's hands, never more
+        assert max(ahead) == depth + 1, (depth, ahead)
+
+
+def test_prefetch_batches_below_zero_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="prefetch_batches must be 0"):
+        loader(solid_colour_folder(tmp_path), prefetch_batches=-1)
 
 
 def test_a_corrupt_jpeg_stops_the_epoch_with_an_error_naming_the_file(tmp_path):
@@ -190,4 +283,28 @@ def test_the_benchmark_measures_every_path_without_an_error_on_a_cpu(tmp_path):
     results = json.loads((tmp_path / "resnet_data.json").read_text())
     failed = {name: run["error"] for name, run in results["runs"].items() if isinstance(run, dict) and "error" in run}
     assert not failed, failed
-    assert {"synthetic_eager", "device_eager", "dataloader_eager"} <= set(results["runs"])
+    assert {"synthetic_eager", "device_eager", "device_eager_no_overlap", "synthetic_eager_data_beside",
+            "dataloader_eager"} <= set(results["runs"])
+    assert "in turn with the step" in results["summary"]
+
+
+def test_the_benchmarks_stream_profile_tells_the_steps_idle_time_from_the_data_paths_time_beside_it():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from resnet_data import gpu_streams
+
+    def kernel(stream, start, end, name="k"):
+        return {"ph": "X", "cat": "kernel", "name": name, "ts": start, "dur": end - start, "args": {"stream": stream}}
+
+    # 2 steps on stream 7 (busy 0-40 and 50-90 us); the data path on stream 20 (30-60) and nvJPEG's stream 21
+    # (55-65, 95-100): busy 30-65 and 95-100, of which 30-40 and 50-65 beside the step's kernels
+    events = [kernel(7, 0, 25), kernel(7, 20, 40), kernel(7, 50, 90), kernel(20, 30, 60, "crop"),
+              kernel(21, 55, 65, "nvjpeg"), kernel(21, 95, 100, "nvjpeg"),
+              {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 0, "dur": 500, "args": {}}]
+    got = gpu_streams(events, steps=2)
+    assert got["step_stream"] == 7
+    assert got["window_ms_per_step"] == pytest.approx(100 / 2 / 1e3)
+    assert got["step_kernels_ms_per_step"] == pytest.approx(80 / 2 / 1e3)
+    assert got["step_stream_idle_ms_per_step"] == pytest.approx(20 / 2 / 1e3)  # 40-50 and 90-100
+    assert got["data_streams_ms_per_step"] == pytest.approx(40 / 2 / 1e3)  # 30-65 and 95-100
+    assert got["data_beside_step_share"] == pytest.approx((10 + 15) / 40)  # 30-40 and 50-65
+    assert got["streams"]["20"]["top"] == [("crop", pytest.approx(0.015))]

@@ -12,18 +12,20 @@ Precondition: an ImageFolder tree, ROOT/<class>/<name>.jpg (or .jpeg, any case),
 Why: decoding JPEGs with PIL in DataLoader processes (`pipeline="dataloader"`, the recipe's first data
 path, kept for comparison and for folders of other formats) fed one H200 about 1,100 images/s; ResNet-50
 trains at 4,700 (eager) to 6,800 (compiled) images/s there. JPEG decoding is the work that costs, so it
-moves to the GPU. Each batch goes through three stages, in a background thread on its own CUDA stream,
-a few batches ahead of the training step:
-1. read: a few threads read the batch's files into one pinned host buffer (the raw JPEG bytes);
+moves to the GPU. Each batch goes through three stages:
+1. read: a few threads read the batch's files into one of a few reused pinned host buffers (the raw JPEG bytes);
 2. decode: one batched `torchvision.io.decode_jpeg(..., device="cuda")` call: nvJPEG, which on A100,
    H100 and H200 runs baseline JPEGs on the GPU's hardware JPEG engines, beside the SMs that train.
    Without a GPU the read threads decode their files instead (libjpeg-turbo), so the same code runs on CPU;
 3. augment: RandomResizedCrop + horizontal flip (training) or resize + centre crop (validation) of the
    whole batch in one vectorised bilinear gather, normalised with ImageNet's mean and std.
+With `prefetch_batches` N > 0, stages 2 and 3 run in a background thread on a CUDA stream of their own, up to N
+batches ahead of the training step, and the reads N batches ahead of the decoder: the step's stream waits for a
+batch's event, the host does not. N = 0 runs the three stages in the training loop, in turn with the step.
 
 Each rank reads its own shard of a per-epoch permutation (the same on every rank, from seed and epoch),
 so a rerun of the same command sees the same data order, and the crops are drawn from (seed, epoch,
-rank, batch): deterministic per seed, different for every image.
+rank, batch): deterministic per seed, different for every image, whatever N is.
 """
 from __future__ import annotations
 
@@ -32,9 +34,11 @@ import queue
 import threading
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -49,7 +53,6 @@ warnings.filterwarnings("ignore", message="The image decoding and encoding capab
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 JPEG_SUFFIXES = (".jpg", ".jpeg")
 OTHER_IMAGE_SUFFIXES = (".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
-PREFETCH_BATCHES = 2  # decoded batches waiting for the step, and batches being read ahead of the decoder
 
 
 def scan_image_folder(root) -> tuple[list[str], list[str], np.ndarray, np.ndarray]:
@@ -129,39 +132,44 @@ def resized_crops(flat: torch.Tensor, params: torch.Tensor, image_size: int, sca
                   shift: torch.Tensor) -> torch.Tensor:
     """Crop, resize (bilinear) and flip every image of a batch at once.
 
-    `flat`: uint8, the batch's decoded images one after the other, each [3, H, W] flattened; `params`:
-    int64 [B, 8] = (offset in `flat`, H, W, top, left, crop height, crop width, flip). Returns float32
-    [B, 3, S, S] in channels_last memory, `value * scale + shift` per channel. Matches cropping then
-    `F.interpolate(mode="bilinear", align_corners=False, antialias=False)` (as RandomResizedCrop on a
-    tensor with antialias=False); one gather of the four neighbours of every output pixel, so the cost
-    is a few kernels per batch, not per image.
+    `flat`: uint8, the batch's decoded images one after the other, each [3, H, W] flattened, then one spare
+    element; `params`: int64 [B, 8] = (offset in `flat`, H, W, top, left, crop height, crop width, flip).
+    Returns float32 [B, 3, S, S] in channels_last memory, `value * scale + shift` per channel. Matches cropping
+    then `F.interpolate(mode="bilinear", align_corners=False, antialias=False)` (as RandomResizedCrop on a
+    tensor with antialias=False). A few kernels per batch, not per image, and few bytes moved (the step
+    shares the GPU with them): one int32 index per output value and row of taps, the column taps read through
+    a view of `flat` one element on, the scale folded into the weights.
     """
     offset, height, width, top, left, crop_h, crop_w, flip = params.unbind(1)
     centres = torch.arange(image_size, device=flat.device, dtype=torch.float32) + 0.5
 
-    def taps(start, length):  # source rows (or columns) either side of each output one, and the weight of the second
+    def taps(length):  # per output row (or column): the source one at or before it, and the weight of the next
         src = (centres[None, :] * (length[:, None].float() / image_size) - 0.5).clamp(min=0)
         low = src.floor()
         weight = src - low
         low = low.long().minimum(length[:, None] - 1)
-        high = (low + 1).minimum(length[:, None] - 1)
-        return start[:, None] + low, start[:, None] + high, weight
+        # on the crop's last row (column) the next one lies outside it: weight 0 (its value is read, never used)
+        return low, weight.masked_fill(low == length[:, None] - 1, 0)
 
-    row_lo, row_hi, wy = taps(top, crop_h)
-    col_lo, col_hi, wx = taps(left, crop_w)
+    rows, wy = taps(crop_h)
+    below = (rows + 1).minimum(crop_h[:, None] - 1)
+    cols, wx = taps(crop_w)
     flipped = flip.bool()[:, None]
-    col_lo, col_hi, wx = (torch.where(flipped, t.flip(1), t) for t in (col_lo, col_hi, wx))
-    row_lo, row_hi = (offset[:, None] + r * width[:, None] for r in (row_lo, row_hi))
-    planes = torch.arange(3, device=flat.device)[None, :] * (height * width)[:, None]  # [B, 3]
+    cols, wx = (torch.where(flipped, t.flip(1), t) for t in (cols, wx))
+    index_type = torch.int32 if flat.numel() <= torch.iinfo(torch.int32).max else torch.int64
+    across = (left[:, None, None] + cols[:, :, None]
+              + torch.arange(3, device=flat.device) * (height * width)[:, None, None]).to(index_type)  # [B, S, 3]
+    wx, wy = wx[:, None, :, None], wy[:, :, None, None]
+    shape = (len(params), image_size, image_size, 3)
 
-    def pixels(rows, cols):  # -> float32 [B, S(rows), S(cols), 3]
-        index = (rows[:, :, None] + cols[:, None, :])[..., None] + planes[:, None, None, :]
-        return flat.take(index).float()
+    def row(source_rows):  # -> float32 [B, S(rows), S(cols), 3]: the two column taps, weighted and scaled
+        index = ((offset[:, None] + (top[:, None] + source_rows) * width[:, None]).to(index_type)[:, :, None, None]
+                 + across[:, None]).view(-1)
+        left_tap, right_tap = flat.index_select(0, index), flat[1:].index_select(0, index)
+        return torch.addcmul(left_tap.view(shape) * ((1 - wx) * scale), right_tap.view(shape), wx * scale)
 
-    wx = wx[:, None, :, None]
-    upper = torch.lerp(pixels(row_lo, col_lo), pixels(row_lo, col_hi), wx)
-    lower = torch.lerp(pixels(row_hi, col_lo), pixels(row_hi, col_hi), wx)
-    out = torch.lerp(upper, lower, wy[:, :, None, None]) * scale + shift
+    out = torch.addcmul(shift, row(rows), 1 - wy)
+    out.addcmul_(row(below), wy)
     return out.permute(0, 3, 1, 2)  # NHWC memory = NCHW channels_last
 
 
@@ -208,21 +216,55 @@ def nvjpeg_problem(device: torch.device) -> str | None:
         return str(err).splitlines()[0]
 
 
+class ReadJob(NamedTuple):
+    """One batch's files, being read into `buffer` (one after the other, at `offsets`) by the read threads' `futures`,
+    each of which gives None, or without nvJPEG its files decoded."""
+    indices: np.ndarray
+    paths: list[str]
+    buffer: torch.Tensor
+    offsets: np.ndarray
+    sizes: np.ndarray
+    futures: list[Future]
+
+
+class HostBuffers:
+    """`count` byte buffers (pinned for a GPU: nvJPEG copies from them without a staging copy) handed out in turn
+    and reused, each grown when a batch needs more; the holder makes sure that a buffer's batch was decoded before it
+    comes round again."""
+
+    def __init__(self, count: int, pinned: bool):
+        self.buffers: list[torch.Tensor | None] = [None] * count
+        self.pinned, self.turn = pinned, 0
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        slot = self.turn % len(self.buffers)
+        self.turn += 1
+        if self.buffers[slot] is None or self.buffers[slot].numel() < nbytes:
+            self.buffers[slot] = torch.empty(nbytes + nbytes // 4, dtype=torch.uint8, pin_memory=self.pinned)
+        return self.buffers[slot][:nbytes]
+
+
 class JpegFolderLoader:
     """Batches of one image folder for one rank, decoded and augmented on `device` (see the module docstring).
 
     Iterating yields (images, labels) on `device`; `set_epoch(e)` picks the epoch's order and crops, as
     DistributedSampler.set_epoch does. Training drops the last partial batch (every step the same shape,
-    which torch.compile likes); validation keeps it. `stats` adds up where the time went: `read_s` (the
-    decode thread waiting for file reads), `decode_s`, `augment_s` (the decode thread's own time), and
-    `wait_s` (the training loop waiting for a batch: the time the GPU starved).
+    which torch.compile likes); validation keeps it. `prefetch_batches` (N): batches decoded and cropped ahead of
+    the training step by a background thread on a CUDA stream of its own, files read N batches ahead of that;
+    0: every stage in the training loop, when it asks for the batch. The batches are the same either way. `stats`
+    adds up where the time went: `read_s` (waiting for file reads), `decode_s`, `augment_s` (host time of the
+    decoding thread, or of the loop when N = 0), and `wait_s` (the training loop waiting for a batch, on the host:
+    the GPU may still have had queued work).
     """
 
     def __init__(self, root, *, batch_size: int, image_size: int, device, train: bool, rank: int = 0,
-                 world_size: int = 1, seed: int = 0, read_threads: int = 8, scale=(0.35, 1.0)):
+                 world_size: int = 1, seed: int = 0, read_threads: int = 8, prefetch_batches: int = 3,
+                 scale=(0.35, 1.0)):
+        if prefetch_batches < 0:
+            raise ValueError(f"prefetch_batches must be 0 (no overlap) or more, got {prefetch_batches}")
         self.root, self.batch_size, self.image_size, self.train = str(root), batch_size, image_size, train
         self.device, self.rank, self.world_size, self.seed = torch.device(device), rank, world_size, seed
-        self.read_threads, self.scale, self.epoch = max(1, read_threads), scale, 0
+        self.read_threads, self.prefetch_batches, self.scale, self.epoch = max(1, read_threads), prefetch_batches, scale, 0
         # (not `.classes`: the name would make cloudpickle, shipping this module to Ray workers, take torch.classes)
         self.class_names, self.paths, self.labels, self.sizes = scan_image_folder(root)
         if train and len(self.paths) // world_size < batch_size:
@@ -239,6 +281,13 @@ class JpegFolderLoader:
                               "with nvJPEG (the PyPI CUDA wheels are)")
         scale_c = torch.tensor([1 / (255 * s) for s in IMAGENET_STD])
         self._scale, self._shift = scale_c.to(self.device), (-torch.tensor(IMAGENET_MEAN) / torch.tensor(IMAGENET_STD)).to(self.device)
+        if self.uses_nvjpeg:
+            # nvJPEG writes its outputs on torchvision's own stream, which waits for no stream of ours; allocating
+            # them on this stream, whose memory the allocator hands out again only after the streams recorded on
+            # it are done with it, keeps nvJPEG from writing into memory that a queued kernel still reads.
+            self._nvjpeg_stream = torch.cuda.Stream(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # _scale and _shift are read on other streams
         self.stats = dict(read_s=0.0, decode_s=0.0, augment_s=0.0, wait_s=0.0, images=0)
 
     @property
@@ -264,11 +313,11 @@ class JpegFolderLoader:
 
     # --- the stages (also called one by one by benchmarks/resnet_data.py for its profile) ---
 
-    def start_read(self, pool: ThreadPoolExecutor, indices: np.ndarray):
-        """Submit the reads of one batch's files into one (pinned, on GPUs) buffer; returns what finish_batch needs."""
+    def read(self, pool: ThreadPoolExecutor, indices: np.ndarray, buffers: HostBuffers) -> ReadJob:
+        """Submit the reads of one batch's files into the next of `buffers`."""
         sizes = self.sizes[indices]
         offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-        buffer = torch.empty(int(sizes.sum()), dtype=torch.uint8, pin_memory=self.device.type == "cuda")
+        buffer = buffers.take(int(sizes.sum()))
         paths = [self.paths[i] for i in indices]
         chunks = np.array_split(np.arange(len(indices)), min(self.read_threads, len(indices)))
         view = buffer.numpy()
@@ -280,29 +329,21 @@ class JpegFolderLoader:
                 return [decode_on_cpu(buffer[offsets[i]: offsets[i] + sizes[i]], paths[i]) for i in chunk]
             return None
 
-        futures = [pool.submit(read_chunk, chunk) for chunk in chunks]
-        return indices, paths, buffer, offsets, sizes, futures
+        return ReadJob(indices, paths, buffer, offsets, sizes, [pool.submit(read_chunk, chunk) for chunk in chunks])
 
-    def finish_batch(self, job, epoch: int, batch_number: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Wait for a batch's reads, decode it and augment it on the current device stream."""
-        indices, paths, buffer, offsets, sizes, futures = job
-        started = time.perf_counter()
-        parts = [f.result() for f in futures]
-        read_done = time.perf_counter()
-        if self.uses_nvjpeg:
-            jpegs = [buffer[o: o + s] for o, s in zip(offsets.tolist(), sizes.tolist())]
-            decoded = decode_on_gpu(jpegs, paths, self.device)
-        else:
-            decoded = [image for part in parts for image in part]
-        decode_done = time.perf_counter()
-        images = self.augment(decoded, epoch, batch_number)
-        labels = torch.from_numpy(self.labels[indices])
-        if self.device.type == "cuda":
-            labels = labels.pin_memory().to(self.device, non_blocking=True)
-        self.stats["read_s"] += read_done - started
-        self.stats["decode_s"] += decode_done - read_done
-        self.stats["augment_s"] += time.perf_counter() - decode_done
-        return images, labels
+    def decode(self, job: ReadJob) -> list[torch.Tensor]:
+        """A batch's images, uint8 [3, H, W] each, on this loader's device (its buffer is free again on return)."""
+        parts = [future.result() for future in job.futures]
+        if not self.uses_nvjpeg:
+            return [image for part in parts for image in part]
+        jpegs = [job.buffer[o: o + s] for o, s in zip(job.offsets.tolist(), job.sizes.tolist())]
+        stream = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(self._nvjpeg_stream):
+            decoded = decode_on_gpu(jpegs, job.paths, self.device)  # returns when nvJPEG is done (torchvision syncs)
+        stream.wait_stream(self._nvjpeg_stream)
+        for image in decoded:
+            image.record_stream(stream)
+        return decoded
 
     def augment(self, decoded: list[torch.Tensor], epoch: int, batch_number: int) -> torch.Tensor:
         heights = np.array([d.shape[1] for d in decoded])
@@ -314,16 +355,51 @@ class JpegFolderLoader:
         params = torch.from_numpy(np.column_stack([offsets, heights, widths, boxes]).astype(np.int64))
         if self.device.type == "cuda":
             params = params.pin_memory().to(self.device, non_blocking=True)
-        flat = torch.cat([d.reshape(-1) for d in decoded])
+        flat = torch.cat([d.reshape(-1) for d in decoded] + [decoded[0].new_zeros(1)])  # + resized_crops' spare element
         if flat.device.type != self.device.type:  # decoded on the CPU for a GPU
             flat = flat.pin_memory().to(self.device, non_blocking=True)
         return resized_crops(flat, params, self.image_size, self._scale, self._shift)
 
-    # --- iteration: a producer thread runs the stages PREFETCH_BATCHES ahead of the consumer ---
+    def finish_batch(self, job: ReadJob, epoch: int, batch_number: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Wait for a batch's reads, decode it and augment it on the current stream."""
+        started = time.perf_counter()
+        for future in job.futures:
+            future.result()
+        read_done = time.perf_counter()
+        decoded = self.decode(job)
+        decode_done = time.perf_counter()
+        images = self.augment(decoded, epoch, batch_number)
+        labels = torch.from_numpy(self.labels[job.indices])
+        if self.device.type == "cuda":
+            labels = labels.pin_memory().to(self.device, non_blocking=True)
+        self.stats["read_s"] += read_done - started
+        self.stats["decode_s"] += decode_done - read_done
+        self.stats["augment_s"] += time.perf_counter() - decode_done
+        return images, labels
+
+    def stages(self, batches, epoch: int, pool: ThreadPoolExecutor, read_ahead: int):
+        """(images, labels) of each of `batches` in turn, their files read `read_ahead` batches before their decode."""
+        buffers = HostBuffers(read_ahead + 1, pinned=self.device.type == "cuda")
+        jobs: deque[ReadJob] = deque()
+        try:
+            for number in range(len(batches)):
+                # batch k takes buffer k % (read_ahead + 1), last used by batch k - read_ahead - 1: decoded already
+                while len(jobs) <= read_ahead and number + len(jobs) < len(batches):
+                    jobs.append(self.read(pool, batches[number + len(jobs)], buffers))
+                yield self.finish_batch(jobs.popleft(), epoch, number)
+        finally:
+            for job in jobs:  # stopped early: reads not begun need not run (the pool waits for the others)
+                for future in job.futures:
+                    future.cancel()
+
+    # --- iteration: the stages in the training loop (prefetch_batches 0), or in a thread ahead of it ---
 
     def __iter__(self):
         batches = self.batches()
-        ready: queue.Queue = queue.Queue(maxsize=PREFETCH_BATCHES)
+        if self.prefetch_batches == 0:
+            yield from self._in_turn(batches)
+            return
+        ready: queue.Queue = queue.Queue(maxsize=self.prefetch_batches)
         stop = threading.Event()
         on_gpu = self.device.type == "cuda"
         device_index = self.device.index if on_gpu else None
@@ -338,7 +414,7 @@ class JpegFolderLoader:
                 if isinstance(item, BaseException):
                     raise item
                 images, labels, done = item
-                if on_gpu:  # the step's stream waits for the decode stream, and the allocator knows who uses what
+                if on_gpu:  # the step's stream waits for the decoding stream, and the allocator knows who uses what
                     stream = torch.cuda.current_stream(self.device)
                     stream.wait_event(done)
                     images.record_stream(stream)
@@ -354,6 +430,19 @@ class JpegFolderLoader:
                     pass
             thread.join()
 
+    def _in_turn(self, batches):
+        with ThreadPoolExecutor(self.read_threads, thread_name_prefix="jpeg-read") as pool:
+            made = self.stages(batches, self.epoch, pool, read_ahead=0)
+            try:
+                for _ in batches:
+                    started = time.perf_counter()
+                    images, labels = next(made)
+                    self.stats["wait_s"] += time.perf_counter() - started
+                    self.stats["images"] += len(labels)
+                    yield images, labels
+            finally:
+                made.close()
+
     def _produce(self, batches, epoch: int, ready: queue.Queue, stop: threading.Event, device_index) -> None:
         def put(item) -> bool:
             while not stop.is_set():
@@ -365,27 +454,25 @@ class JpegFolderLoader:
             return False
 
         try:
+            stream = None
             if device_index is not None:
                 torch.cuda.set_device(device_index)  # the current device is per thread
-            stream = torch.cuda.Stream(device_index) if device_index is not None else None
+                # High priority: its few kernels are needed before the step's next ones, which at equal priority
+                # could hold them back behind a queue of their own.
+                stream = torch.cuda.Stream(device_index, priority=-1)
             with ThreadPoolExecutor(self.read_threads, thread_name_prefix="jpeg-read") as pool, \
                     (torch.cuda.stream(stream) if stream is not None else nullcontext()):
-                jobs = [self.start_read(pool, b) for b in batches[:PREFETCH_BATCHES]]
-                for number in range(len(batches)):
-                    if stop.is_set():
-                        break
-                    if number + PREFETCH_BATCHES < len(batches):
-                        jobs.append(self.start_read(pool, batches[number + PREFETCH_BATCHES]))
-                    images, labels = self.finish_batch(jobs.pop(0), epoch, number)
-                    done = None
-                    if stream is not None:
-                        done = torch.cuda.Event()
-                        done.record(stream)
-                    if not put((images, labels, done)):
-                        break
-                for job in jobs:  # stopped early: let the submitted reads finish before the pool closes
-                    for future in job[-1]:
-                        future.cancel()
+                made = self.stages(batches, epoch, pool, read_ahead=self.prefetch_batches)
+                try:
+                    for images, labels in made:
+                        done = None
+                        if stream is not None:
+                            done = torch.cuda.Event()
+                            done.record(stream)
+                        if stop.is_set() or not put((images, labels, done)):
+                            break
+                finally:
+                    made.close()
         except BaseException as err:  # noqa: BLE001 - handed to the training loop, which raises it
             put(err)
 
@@ -440,12 +527,12 @@ class DataLoaderBatches:
 
 
 def make_loaders(pipeline: str, data_dir, *, batch_size: int, image_size: int, device, rank: int, world_size: int,
-                 seed: int, read_threads: int, dataloader_num_workers: int):
+                 seed: int, read_threads: int, dataloader_num_workers: int, prefetch_batches: int = 3):
     """(train, val) loaders of DATA_DIR/train and DATA_DIR/val for one rank; `pipeline` is "device" or "dataloader"."""
     common = dict(batch_size=batch_size, image_size=image_size, device=device, rank=rank, world_size=world_size, seed=seed)
     if pipeline == "device":
         return tuple(JpegFolderLoader(os.path.join(data_dir, split), train=split == "train", read_threads=read_threads,
-                                      **common) for split in ("train", "val"))
+                                      prefetch_batches=prefetch_batches, **common) for split in ("train", "val"))
     if pipeline == "dataloader":
         return tuple(DataLoaderBatches(os.path.join(data_dir, split), train=split == "train",
                                        dataloader_num_workers=dataloader_num_workers, **common) for split in ("train", "val"))
