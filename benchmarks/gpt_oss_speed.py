@@ -63,6 +63,10 @@ def main() -> None:
     parser.add_argument("--max_steps", type=int, default=10)
     parser.add_argument("--per_device_train_batch_size", type=int, default=None)
     parser.add_argument("--gradient_accumulation_steps", type=int, default=None, help="default: the notebook's")
+    parser.add_argument("--gradient_checkpointing", choices=["true", "false"], default=None,
+                        help="default: the notebook's sft_config (on; its planner may turn it off)")
+    parser.add_argument("--every_n_layers", type=int, default=None,
+                        help="with checkpointing: only every n-th decoder layer (gradient_checkpointing_kwargs)")
     parser.add_argument("--profile", default=None, help="profile the last step into PREFIX.txt")
     parser.add_argument("--size", default="full", choices=["full", "tiny"], help="tiny: check the script on a CPU")
     cli = parser.parse_args()
@@ -89,6 +93,10 @@ def main() -> None:
     )
     if cli.gradient_accumulation_steps:
         args.sft_settings["gradient_accumulation_steps"] = cli.gradient_accumulation_steps
+    if cli.gradient_checkpointing:
+        args.sft_settings["gradient_checkpointing"] = cli.gradient_checkpointing == "true"
+    if cli.every_n_layers:
+        args.sft_settings["gradient_checkpointing_kwargs"] = {"use_reentrant": False, "every_n_layers": cli.every_n_layers}
     if cli.model == "gpt-oss-120b":  # built on the GPU here, not loaded by rank 0: nothing to broadcast
         args.sft_settings["fsdp_config"] = {**nb["fsdp_settings"](args), "cpu_ram_efficient_loading": False}
     sft = nb["sft_config"](args)

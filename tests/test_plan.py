@@ -230,21 +230,62 @@ def test_a_chunked_loss_keeps_16_bytes_a_token_instead_of_the_logits():
     assert 42.8 < checkpointed.estimate("ddp").total < 42.8 * 1.2
 
 
-@pytest.mark.parametrize("gpu_memory_gib, expected", [(79.6, True), (140.4, False)])
-def test_gradient_checkpointing_is_left_on_only_where_the_run_would_not_fit_without(monkeypatch, capsys,
-                                                                                    gpu_memory_gib, expected):
-    """The 20B notebook's shape: checkpointing on an 80 GB GPU, not on a 141 GB one; one line of verdict either way.
-    A setting given is kept (and checked)."""
+GPT_OSS_20B_NOTEBOOK = dict(lora_rank=8, seq_len=2048, attention="flex", chunked_loss=True)
+
+
+@pytest.mark.parametrize("gpu_memory_gib, expected", [
+    (140.4, {"gradient_checkpointing": False}),  # fits as asked
+    (79.6, {"gradient_checkpointing": False, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 8}),
+    (60.0, {"gradient_checkpointing": False, "per_device_train_batch_size": 1, "gradient_accumulation_steps": 16}),
+])
+def test_the_activations_fit_the_cheapest_way_with_the_same_tokens_a_step(monkeypatch, capsys, gpu_memory_gib,
+                                                                           expected):
+    """The 20B notebook's shape (4 x 2,048 tokens, 4 accumulation steps): as asked on a 141 GB GPU, micro-batches of 2
+    on an 80 GB one (102 GiB planned as asked), of 1 on 60 GB; one line of verdict either way, saying why."""
     from nbhelpers.planner import fits
 
     monkeypatch.setattr(fits, "visible_gpus", lambda: [("NVIDIA GPU", gpu_memory_gib)])
-    shape = dict(lora_rank=8, seq_len=2048, micro_batch=4, attention="flex", chunked_loss=True)
-    assert fits.gradient_checkpointing_to_fit("gpt-oss-20b", "ddp", None, **shape) is expected
+    fields = fits.fit_activations("gpt-oss-20b", "ddp", per_device_train_batch_size=4, gradient_accumulation_steps=4,
+                                  **GPT_OSS_20B_NOTEBOOK)
+    assert fields == expected
     said = capsys.readouterr().err.strip().splitlines()
-    assert len(said) == 1 and "fits" in said[0] and ("gradient checkpointing" in said[0]) == expected, said
-    assert fits.gradient_checkpointing_to_fit("gpt-oss-20b", "ddp", True, **shape) is True
+    assert len(said) == 1 and "fits" in said[0], said
+    assert ("the cheapest way that fits: micro-batches of" in said[0]) == (gpu_memory_gib < 100), said
+
+
+def test_without_accumulation_as_few_layers_are_checkpointed_as_fit(monkeypatch):
+    """A run that cannot trade its micro-batch for accumulation steps: every n-th layer, n as large as fits; the
+    plan of that choice fits and the next larger n does not."""
+    from nbhelpers.planner import fits
+
+    monkeypatch.setattr(fits, "visible_gpus", lambda: [("NVIDIA GPU", 79.6)])
+    fields = fits.fit_activations("gpt-oss-20b", "ddp", per_device_train_batch_size=4, **GPT_OSS_20B_NOTEBOOK)
+    every = fields["gradient_checkpointing_kwargs"]["every_n_layers"]
+    assert fields == {"gradient_checkpointing": True,
+                      "gradient_checkpointing_kwargs": {"use_reentrant": False, "every_n_layers": every}}
+    shape = dict(gpu_memory_gib=79.6, micro_batch=4, checkpointing=True, **GPT_OSS_20B_NOTEBOOK)
+    assert every > 1 and plan("gpt-oss-20b", every_n_layers=every, **shape).fits("ddp")
+    assert not plan("gpt-oss-20b", every_n_layers=every + 1, **shape).fits("ddp")
+
+
+def test_a_setting_given_is_kept_and_without_gpus_nothing_changes(monkeypatch, capsys):
+    from nbhelpers.planner import fits
+
+    monkeypatch.setattr(fits, "visible_gpus", lambda: [("NVIDIA GPU", 140.4)])
+    assert fits.fit_activations("gpt-oss-20b", "ddp", per_device_train_batch_size=4, gradient_accumulation_steps=4,
+                                gradient_checkpointing=True, **GPT_OSS_20B_NOTEBOOK) == {}
+    assert "gradient checkpointing" in capsys.readouterr().err
     monkeypatch.setattr(fits, "visible_gpus", lambda: [])  # no GPU: no memory to save
-    assert fits.gradient_checkpointing_to_fit("gpt-oss-20b", "ddp", None, **shape) is False
+    assert fits.fit_activations("gpt-oss-20b", "ddp", per_device_train_batch_size=4, gradient_accumulation_steps=4,
+                                **GPT_OSS_20B_NOTEBOOK) == {}
+
+
+def test_selective_checkpointing_keeps_the_activations_of_the_layers_it_leaves(monkeypatch):
+    """every_n_layers=2 keeps half the layers whole: between no checkpointing and all of it, about halfway."""
+    shape = dict(gpu_memory_gib=140.4, micro_batch=4, **GPT_OSS_20B_NOTEBOOK)
+    none, every_2nd, every = (plan("gpt-oss-20b", checkpointing=c, every_n_layers=n, **shape).estimate("ddp").activations
+                              for c, n in ((False, 1), (True, 2), (True, 1)))
+    assert every < every_2nd < none and abs(every_2nd - (none + every) / 2) < 0.05 * none
 
 
 def test_eager_attention_stores_the_attention_matrix():

@@ -84,3 +84,32 @@ def test_a_model_too_large_for_the_gpus_stops_before_it_loads(standin, tmp_path)
     assert "What would fit: FSDP2 (ZeRO-3) on 2 such GPUs" in error.evalue
     assert "check_memory=False" in error.evalue
     assert not (tmp_path / "output" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("gpu_memory_gib, batch, accumulation, checkpointing", [(79.6, 2, 8, False),
+                                                                                (140.4, 4, 4, False)])
+def test_the_trainer_gets_the_planners_way_to_fit_with_the_same_tokens_a_step(monkeypatch, capsys, gpu_memory_gib,
+                                                                               batch, accumulation, checkpointing):
+    """The notebook's settings as its settings cell leaves them for the full-size model: on an 80 GB GPU micro-batches
+    of 2 rows and 8 accumulation steps (no recomputation), on a 141 GB one its own 4 and 4; 16 rows a step either way.
+    A config file's gradient_checkpointing wins."""
+    from types import SimpleNamespace
+
+    from nbhelpers.planner import fits
+    from notebook_code import notebook_cells
+
+    monkeypatch.setattr(fits, "visible_gpus", lambda: [("NVIDIA GPU", gpu_memory_gib)])
+    nb = notebook_cells(NOTEBOOK, "sft_config")
+    for config_file in ({}, {"gradient_checkpointing": True}):
+        args = SimpleNamespace(output_dir="/tmp/out", learning_rate=2e-4, max_steps=8, per_device_train_batch_size=4,
+                               max_length=2048, sft_settings=dict(config_file))
+        args.sft_settings |= fits.fit_activations(  # as the notebook's settings cell
+            "gpt-oss-20b", "ddp", per_device_train_batch_size=args.per_device_train_batch_size,
+            gradient_accumulation_steps=args.sft_settings.get("gradient_accumulation_steps", 4),
+            gradient_checkpointing=args.sft_settings.get("gradient_checkpointing"), lora_rank=8, seq_len=2048,
+            attention="flex", chunked_loss=True)
+        sft = nb["sft_config"](args)
+        expected = (4, 4, True) if config_file else (batch, accumulation, checkpointing)
+        assert (sft.per_device_train_batch_size, sft.gradient_accumulation_steps, sft.gradient_checkpointing) == expected
+        assert sft.per_device_train_batch_size * sft.gradient_accumulation_steps == 16
+    assert len(capsys.readouterr().err.strip().splitlines()) == 2  # one verdict a run

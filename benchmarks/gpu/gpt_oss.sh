@@ -14,9 +14,13 @@
 #   fsdp_attention   the same with LoRA on the attention only (--attention_only_lora), compiled, then eager.
 #   nb20b   the DDP notebook through papermill on a stand-in written here (all 24 layers, MXFP4 experts), num_gpus 1,
 #           8 steps, no merge, the runs named in GPT_OSS_NB20B_RUNS (default "compiled eager": torch_compile True
-#           then False; "compiled_checkpointing": compiled with `gradient_checkpointing: true` in its config file, a
-#           setting the notebook otherwise leaves to the memory planner; "compiled_no_checkpointing": false, the
-#           planner not asked, for a GPU where it plans too little room). The stand-in stays for a later call on the same machine.
+#           then False, the activations fitted as the memory planner chooses; "compiled_checkpointing": compiled with
+#           `gradient_checkpointing: true` in its config file, every layer checkpointed at the notebook's 4 x 4
+#           micro-steps, the baseline; "compiled_no_checkpointing": false, the planner not asked, for a GPU where it
+#           plans too little room). The stand-in stays for a later call on the same machine.
+#   every2  (after nb20b, whose compiled graphs it reuses) the speed stage's run (compiled, packed, 4 x 2,048 a
+#           micro-step) with gradient checkpointing of every 2nd decoder layer only (`every_n_layers`: the planner's third
+#           way to fit), GPT_OSS_EVERY2_STEPS steps (default 5): its peak beside the planner's estimate.
 #   nb120b  the FSDP notebook the same way, GPT_OSS_120B_NOTEBOOK_LAYERS layers (default 4), torch_compile True then False.
 # --packing packs as the notebooks do: padding-free rows whose conversations attend only to themselves
 # (nbhelpers.training.packing.mask_packed_sequences; before 2026-12-06 they attended to each other).
@@ -97,6 +101,11 @@ if [[ $stages == *" nb20b "* ]]; then
     [[ -v nb20b[$run20] ]] || { echo "GPT_OSS_NB20B_RUNS: no run '$run20' (runs: ${!nb20b[*]})" >&2; continue; }
     pm notebooks/trl/ddp_gpt_oss_20b.ipynb "nb_20b_$run20" -p model_name_or_path "$models/gpt-oss-20b" ${nb20b[$run20]}
   done
+fi
+if [[ $stages == *" every2 "* ]]; then
+  run 20b_every2_compiled_packed 200 python3 benchmarks/gpt_oss_speed.py --size "$size" \
+    --max_steps "${GPT_OSS_EVERY2_STEPS:-5}" "$out/20b_every2_compiled_packed.json" --packing --torch_compile \
+    --every_n_layers 2
 fi
 if [[ $stages == *" nb120b "* ]]; then
   python3 tests/standins.py make gpt-oss-120b --size "$size" "${weights[@]}" --mxfp4 \

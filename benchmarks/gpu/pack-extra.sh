@@ -8,7 +8,7 @@ set -euo pipefail
 PY=${PYTHON:-python3}
 ON_IMAGE="numpy matplotlib contourpy cycler fonttools kiwisolver pillow pyparsing python_dateutil six anyio annotated_doc certifi charset_normalizer click cloudpickle h11 idna markupsafe packaging protobuf pyyaml requests typing_extensions urllib3 zipp"
 work=$(mktemp -d)
-"$PY" -m pip download -q mlflow-skinny==3.17.2 sqlalchemy alembic nvidia-ml-py pycocotools --python-version 3.12 --implementation cp \
+"$PY" -m pip download -q -c constraints.txt mlflow-skinny sqlalchemy alembic nvidia-ml-py pycocotools --python-version 3.12 --implementation cp \
   --only-binary=:all: --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$work/dl"
 for name in $ON_IMAGE; do rm -f "$work"/dl/${name}-[0-9]*.whl; done
 "$PY" -m pip install -q --no-deps --no-compile --target "$work/site" "$work"/dl/*.whl --python-version 3.12 \

@@ -27,7 +27,7 @@ py=(--python-version 3.12 --implementation cp --only-binary=:all: --no-deps)
 plat=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64
       --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
 for p in $want; do
-  "$PY" -m pip download -q "${py[@]}" "${plat[@]}" -d "$work/dl" "$p" || echo "pack-site: could not download $p" >&2
+  "$PY" -m pip download -q -c constraints.txt "${py[@]}" "${plat[@]}" -d "$work/dl" "$p" || echo "pack-site: could not download $p" >&2
 done
 # deepspeed ships only as source: build a pure-Python wheel (its CUDA ops compile on first use there).
 if [[ " ${profiles[*]} " == *" deepspeed "* ]]; then

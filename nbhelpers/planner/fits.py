@@ -15,10 +15,18 @@ from __future__ import annotations
 
 import sys
 
-from nbhelpers.planner.plan import LABELS, load_model, plan
+from nbhelpers.planner.plan import LABELS, checkpointing_words, load_model, plan
 from nbhelpers.planner.time_to_finish import time_clause
 
-__all__ = ["WillNotFit", "check_fits", "gradient_checkpointing_to_fit", "visible_gpus"]
+__all__ = ["WillNotFit", "check_fits", "fit_activations", "visible_gpus"]
+
+# What each way of fitting the activations costs, as a share of a step without it. A checkpointed layer runs its forward
+# twice: a forward is a third of a full fine-tune's step (the backward computes input and weight gradients, 2x the
+# forward) and half of a LoRA step's (frozen weights: input gradients only).
+RECOMPUTE_SHARE = {"full": 1 / 3, "lora": 1 / 2}
+# Half the micro-batch with twice the accumulation steps: the same FLOPs, in kernels on half the rows and twice the
+# launches. An assumption, checked on the GPT-OSS-20B notebook (benchmarks/README.md, 2026-12-07).
+HALVED_MICRO_BATCH_COST = 0.10
 
 
 class WillNotFit(MemoryError):
@@ -35,15 +43,16 @@ def visible_gpus() -> list[tuple[str, float]]:
 
 def check_fits(model, technique: str, *, gpus: int | None = None, lora_rank: int | None = None,
                quantization: str | None = None, seq_len: int = 2048, micro_batch: int = 1, checkpointing: bool = False,
-               attention: str | None = None, fused_adamw: bool = False, gradient_as_bucket_view: bool = False,
+               every_n_layers: int = 1, attention: str | None = None, fused_adamw: bool = False, gradient_as_bucket_view: bool = False,
                chunked_loss: bool = False, max_steps: int | None = None, gradient_accumulation_steps: int = 1,
                dataset_tokens: int | None = None, num_train_epochs: float = 1, torch_compile: bool | None = None,
-               framework: str | None = None, price_per_gpu_hour: float | None = None):
+               framework: str | None = None, price_per_gpu_hour: float | None = None, chosen: str = ""):
     """Print the planner's one-line verdict for training `model` with `technique` ("ddp", "fsdp", "zero3", ...) on
     `gpus` of the GPUs this process sees (None: all of them); return the Plan, or None where no GPU is visible.
     Where it fits, the line ends with the time to finish (nbhelpers.planner.time_to_finish): of max_steps, or of
     dataset_tokens x num_train_epochs, else of one step; torch_compile and framework ("trl", "unsloth", ...) pick
-    the nearest measured runs.
+    the nearest measured runs. every_n_layers: with checkpointing, every k-th decoder layer only; `chosen`: why this
+    shape (fit_activations), said after the shape.
 
     Raises WillNotFit, naming what would fit instead, when the planner's estimate exceeds one GPU's memory.
     """
@@ -54,13 +63,14 @@ def check_fits(model, technique: str, *, gpus: int | None = None, lora_rank: int
     gpus = gpus or len(here)
     name, memory = here[0][0], min(gib for _, gib in here[:gpus])
     options = dict(lora_rank=lora_rank, quantization=quantization, seq_len=seq_len, micro_batch=micro_batch,
-                   checkpointing=checkpointing, attention=attention, fused_adamw=fused_adamw,
+                   checkpointing=checkpointing, every_n_layers=every_n_layers, attention=attention, fused_adamw=fused_adamw,
                    gradient_as_bucket_view=gradient_as_bucket_view, chunked_loss=chunked_loss, suggest=False)
     built = load_model(model)  # on the meta device, once for every plan below
     verdict = plan(built, gpus=gpus, gpu_memory_gib=memory, **options)
     needed = verdict.estimate(technique)
     shape = (f"{verdict.model} ({verdict.fine_tune}) with {LABELS[technique]} on {gpus} x {memory:.1f} GiB ({name}), "
-             f"{micro_batch} x {seq_len} tokens per GPU" + (", gradient checkpointing" if checkpointing else ""))
+             f"{micro_batch} x {seq_len} tokens per GPU" + (f", {checkpointing_words(True, every_n_layers, 'gradient checkpointing')}"
+                                                             if checkpointing else "") + chosen)
     if needed.fits:
         took = time_clause(built, technique, name, gpus, seq_len=seq_len, micro_batch=micro_batch,
                            gradient_accumulation_steps=gradient_accumulation_steps, max_steps=max_steps,
@@ -77,20 +87,59 @@ def check_fits(model, technique: str, *, gpus: int | None = None, lora_rank: int
         "(To try anyway, set check_memory=False.)")
 
 
-def gradient_checkpointing_to_fit(model, technique: str, gradient_checkpointing: bool | None = None, **shape) -> bool:
-    """Whether to checkpoint activations (check_fits' arguments in `shape`): `gradient_checkpointing` where it is
-    given, checked like check_fits; None: off where the planner says the run fits without it (recomputing every
-    layer in the backward costs about a third of a step), on where only that fits, off without GPUs. One line of
-    verdict either way; WillNotFit where nothing fits."""
-    if gradient_checkpointing is not None:
-        check_fits(model, technique, checkpointing=gradient_checkpointing, **shape)
-        return gradient_checkpointing
-    try:
-        check_fits(model, technique, checkpointing=False, **shape)
-        return False
-    except WillNotFit:
-        check_fits(model, technique, checkpointing=True, **shape)
-        return True
+def fit_activations(model, technique: str, *, per_device_train_batch_size: int,
+                    gradient_accumulation_steps: int | None = None, gradient_checkpointing: bool | None = None,
+                    **shape) -> dict:
+    """The cheapest way this run's activations fit the GPUs here, before the model loads, as the TrainingArguments
+    fields to set ({} to keep the run as asked). The same tokens per optimizer step either way. In order of what each
+    costs (RECOMPUTE_SHARE, HALVED_MICRO_BATCH_COST): nothing, where the run fits as asked; the micro-batch halved
+    (once or more) with as many more accumulation steps, where gradient_accumulation_steps is given; gradient
+    checkpointing of every n-th decoder layer, n as large as fits (`gradient_checkpointing_kwargs` `every_n_layers`,
+    transformers' own setting); checkpointing every layer. One line of verdict (check_fits, with `shape`: gpus,
+    lora_rank, seq_len, attention, ...); WillNotFit where nothing fits. `gradient_checkpointing` given (a config
+    file's) is kept and checked. Without GPUs: {} and one line."""
+    here = visible_gpus()
+    batch, accumulation = per_device_train_batch_size, gradient_accumulation_steps
+    if not here or gradient_checkpointing is not None:
+        check_fits(model, technique, micro_batch=batch, gradient_accumulation_steps=accumulation or 1,
+                   checkpointing=bool(gradient_checkpointing), **shape)
+        return {}
+    gpus = shape.get("gpus") or len(here)
+    memory = min(gib for _, gib in here[:gpus])
+    built = load_model(model)
+    layers = built[1].config.num_hidden_layers
+    recompute = RECOMPUTE_SHARE["lora" if shape.get("lora_rank") else "full"]
+    options = [(0.0, batch, accumulation, False, 1)]  # (cost, micro-batch, accumulation, checkpointing, every_n_layers)
+    halved, cost = batch, 0.0
+    while accumulation and halved % 2 == 0:
+        halved, cost = halved // 2, cost + HALVED_MICRO_BATCH_COST
+        options.append((cost, halved, accumulation * batch // halved, False, 1))
+    options += [(recompute * -(-layers // n) / layers, batch, accumulation, True, n) for n in range(layers, 0, -1)]
+    planning = {k: v for k, v in shape.items() if k in ("lora_rank", "quantization", "seq_len", "attention",
+                                                         "fused_adamw", "gradient_as_bucket_view", "chunked_loss")}
+    for cost, micro, steps, checkpointing, every in sorted(options, key=lambda option: option[0]):
+        if plan(built, gpus=gpus, gpu_memory_gib=memory, micro_batch=micro, checkpointing=checkpointing,
+                every_n_layers=every, suggest=False, **planning).fits(technique):
+            break
+    else:  # nothing fits: the error of the run as asked, with what would fit instead
+        check_fits(model, technique, micro_batch=batch, gradient_accumulation_steps=accumulation or 1,
+                   checkpointing=True, **shape)
+    if cost == 0:
+        check_fits(model, technique, micro_batch=batch, gradient_accumulation_steps=accumulation or 1, **shape)
+        return {"gradient_checkpointing": False}
+    asked = plan(built, gpus=gpus, gpu_memory_gib=memory, micro_batch=batch, suggest=False, **planning)
+    how = (f"micro-batches of {micro} and {steps} accumulation steps, no recomputation" if not checkpointing
+           else f"{-(-layers // every)} of {layers} layers recomputed in the backward")
+    chosen = (f" (as asked, {batch} x {shape.get('seq_len', 2048)} tokens would need "
+              f"{asked.estimate(technique).total:.1f} GiB; the cheapest way that fits: {how})")
+    check_fits(model, technique, micro_batch=micro, gradient_accumulation_steps=steps or 1, checkpointing=checkpointing,
+               every_n_layers=every, chosen=chosen, **shape)
+    fields = {"gradient_checkpointing": checkpointing}
+    if micro != batch:
+        fields |= {"per_device_train_batch_size": micro, "gradient_accumulation_steps": steps}
+    if checkpointing:  # non-reentrant: DDP with frozen weights needs it (transformers' default, said explicitly)
+        fields["gradient_checkpointing_kwargs"] = {"use_reentrant": False, "every_n_layers": every}
+    return fields
 
 
 def _what_would_fit(built, technique, gpus, memory, options, verdict) -> list[str]:

@@ -74,7 +74,9 @@ fused LM head computes the log-probabilities tile by tile, never the whole logit
 log-normaliser and the entropy: 16 bytes per token (its fp32 tile, 4,096 tokens by a slice of the vocabulary, is
 tens of MB once: ignored).
 Full activation checkpointing keeps each layer's input (2h, or 4h fp32 under autocast) plus one layer
-recomputed during backward; the loss head is not checkpointed.
+recomputed during backward; the loss head is not checkpointed. Selective checkpointing (every_n_layers=k, as
+transformers' gradient_checkpointing_enable and torchtitan's "every k-th layer" name it) checkpoints layers 0, k,
+2k, ... and keeps the others' activations whole.
 
 Qwen3.5 (qwen3_5_text: 3 Gated DeltaNet layers for each gated full-attention layer) is counted layer by layer
 from transformers 5.17's code. Its RMSNorms scale by (1 + weight) in fp32 (8w + 4), and both kinds of layer
@@ -357,13 +359,15 @@ def _sliding_fraction(config) -> float:
 
 
 def activation_bytes(config, seq_len: int, micro_batch: int, checkpointing: bool, attention: str,
-                     fp32_residual: bool = False, linear_attention: str = "torch", chunked_loss: bool = False) -> int:
+                     fp32_residual: bool = False, linear_attention: str = "torch", chunked_loss: bool = False,
+                     every_n_layers: int = 1) -> int:
     per_token = activation_bytes_per_token(config, seq_len, attention, fp32_residual, linear_attention, chunked_loss)
-    depth = config.num_hidden_layers
-    if checkpointing:  # every layer's input, then one layer recomputed while the head is gone
-        per = depth * per_token["checkpoint"] + max(per_token["head"], per_token["layer"])
+    checkpointed = [checkpointing and i % every_n_layers == 0 for i in range(len(per_token["layers"]))]
+    kept = sum(size for size, inside in zip(per_token["layers"], checkpointed) if not inside)
+    if any(checkpointed):  # the checkpointed layers' inputs, then one of them recomputed while the head is gone
+        per = kept + sum(checkpointed) * per_token["checkpoint"] + max(per_token["head"], per_token["layer"])
     else:
-        per = sum(per_token["layers"]) + per_token["head"]
+        per = kept + per_token["head"]
     return int(per * seq_len * micro_batch)
 
 
@@ -481,6 +485,7 @@ class Plan:
     fused_adamw: bool = False
     gradient_as_bucket_view: bool = False
     chunked_loss: bool = False
+    every_n_layers: int = 1  # with checkpointing: every k-th decoder layer is checkpointed
 
     def estimate(self, technique: str) -> Estimate:
         return next(e for e in self.estimates + self.offload_estimates if e.technique == technique)
@@ -492,7 +497,8 @@ class Plan:
         """One dict per technique (for pandas), with the plan's inputs."""
         head = {"model": self.model, "gpus": self.gpus, "gpu_memory_gib": self.gpu_memory_gib,
                 "fine_tune": self.fine_tune, "precision": self.precision, "seq_len": self.seq_len,
-                "micro_batch": self.micro_batch, "checkpointing": self.checkpointing}
+                "micro_batch": self.micro_batch, "checkpointing": self.checkpointing,
+                "every_n_layers": self.every_n_layers}
         return [{**head, **asdict(e), "recommended": e.technique in (self.recommended, self.offload)}
                 for e in self.estimates + self.offload_estimates]
 
@@ -506,7 +512,7 @@ class Plan:
         lines = [f"{self.model}: {self.parameters / 1e9:.2f} B parameters, {self.fine_tune} fine-tune "
                  f"({self.trainable / 1e9:.3g} B trainable), {self.precision}",
                  f"{self.gpus} GPU{'s' if self.gpus > 1 else ''} x {self.gpu_memory_gib:g} GiB, {self.micro_batch} x "
-                 f"{self.seq_len} tokens per GPU, {'activation checkpointing' if self.checkpointing else 'no checkpointing'}, "
+                 f"{self.seq_len} tokens per GPU, {checkpointing_words(self.checkpointing, self.every_n_layers)}, "
                  f"{self.attention} attention" + (f", Gated DeltaNet: {self.linear_attention}"
                                                   if self.linear_attention else ""),
                  f"{'GiB per GPU':20s} {'params':>7s} {'grads':>7s} {'optim':>7s} {'activ':>7s} {'step tmp':>8s} "
@@ -524,12 +530,22 @@ class Plan:
     __repr__ = __str__ = table
 
 
+def checkpointing_words(checkpointing: bool, every_n_layers: int = 1, name: str = "activation checkpointing") -> str:
+    if not checkpointing:
+        return "no checkpointing"
+    if every_n_layers == 1:
+        return name
+    n = every_n_layers
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{name} of every {n}{suffix} decoder layer"
+
+
 def plan(model, gpus: int = 1, gpu_memory_gib: float = 80.0, precision: str = "bf16-mixed",
          lora_rank: int | None = None, lora_targets=LORA_ALL_LINEAR, seq_len: int = 2048, micro_batch: int = 1,
          checkpointing: bool = False, attention: str | None = None, suggest: bool = True,
          quantization: str | None = None, cpu_memory_gib: float | None = None, gpus_per_node: int | None = None,
          linear_attention: str = "torch", fused_adamw: bool = False, gradient_as_bucket_view: bool = False,
-         chunked_loss: bool = False) -> Plan:
+         chunked_loss: bool = False, every_n_layers: int = 1) -> Plan:
     """Estimate per-GPU memory of each technique and pick one (see the module docstring for the model).
 
     model: a stand-in name, hub id, model folder, transformers config or built model, or the (name, model)
@@ -547,6 +563,7 @@ def plan(model, gpus: int = 1, gpu_memory_gib: float = 80.0, precision: str = "b
     gradient_as_bucket_view: DDP(gradient_as_bucket_view=True): the gradients are views into DDP's all-reduce
     buckets, not a second copy beside them (the DDP row on several GPUs).
     chunked_loss: the loss never holds the whole logits (TRL's SFTTrainer): 16 bytes a token instead of 12 x vocab.
+    every_n_layers: with checkpointing, only every k-th decoder layer is checkpointed (1: all of them).
     """
     if not isinstance(gpus, int) or gpus < 1:
         raise ValueError(f"gpus must be a whole number >= 1, not {gpus!r}")
@@ -554,6 +571,8 @@ def plan(model, gpus: int = 1, gpu_memory_gib: float = 80.0, precision: str = "b
         raise ValueError(f"gpu_memory_gib must be the memory of one GPU in GiB (e.g. 79.6 for an 80 GB H100), not {gpu_memory_gib!r}")
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
+    if not isinstance(every_n_layers, int) or every_n_layers < 1:
+        raise ValueError(f"every_n_layers must be a whole number >= 1 (1: every layer), not {every_n_layers!r}")
     if seq_len < 1 or micro_batch < 1:
         raise ValueError(f"seq_len and micro_batch must be >= 1 (got {seq_len}, {micro_batch})")
     if lora_rank is not None and lora_rank < 1:
@@ -581,7 +600,7 @@ def plan(model, gpus: int = 1, gpu_memory_gib: float = 80.0, precision: str = "b
         terms = state_bytes(technique, counts, gpus, precision, fused_adamw, gradient_as_bucket_view)
         fp32_residual = technique == "ddp" and precision == "bf16-mixed" and not lora_rank  # autocast on fp32 weights
         terms["activations"] = activation_bytes(config, seq_len, micro_batch, checkpointing, attention, fp32_residual,
-                                                linear_attention, chunked_loss)
+                                                linear_attention, chunked_loss, every_n_layers)
         backward = terms["gradients_held"] + terms["activations"]
         step = terms["gradients"] + terms["temporaries"]
         allocated = terms["parameters"] + terms["optimizer"] + max(backward, step)
@@ -604,7 +623,8 @@ def plan(model, gpus: int = 1, gpu_memory_gib: float = 80.0, precision: str = "b
                   offload=offload, gpus_per_node=gpus_per_node, cpu_memory_gib=cpu_memory_gib,
                   linear_attention=linear_attention if hybrid else None,
                   offload_estimates=estimates[len(TECHNIQUES):], fused_adamw=fused_adamw,
-                  gradient_as_bucket_view=gradient_as_bucket_view, chunked_loss=chunked_loss)
+                  gradient_as_bucket_view=gradient_as_bucket_view, chunked_loss=chunked_loss,
+                  every_n_layers=every_n_layers if checkpointing else 1)
     if suggest and recommended is None:
         result.suggestions = _suggestions((name, meta_model), result, lora_targets, quantization)
     return result

@@ -46,7 +46,7 @@ from ray.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 import nbhelpers
-from nbhelpers.planner.fits import gradient_checkpointing_to_fit
+from nbhelpers.planner.fits import fit_activations
 from nbhelpers.training import checkpoints
 
 HERE = Path(__file__).resolve().parent
@@ -164,15 +164,20 @@ def save_state(step: int, model, optimizer, history: list, keep: int, experiment
         checkpoints.rotate(experiment_dir, keep, "checkpoint_*")
 
 
-def use_gradient_checkpointing(config: dict, rank: int, world_size: int) -> bool:
-    """config's gradient_checkpointing; null: off where the memory planner says the run fits this GPU without it.
-    Rank 0 says the planner's verdict in one line (every worker comes to the same), with the time max_steps take."""
-    shape = dict(gpus=world_size, seq_len=config["max_length"], micro_batch=config["per_device_train_batch_size"],
-                 fused_adamw=True, gradient_as_bucket_view=True,  # as train_loop_per_worker trains
+def checkpointed_every_n_layers(config: dict, rank: int, world_size: int) -> int | None:
+    """Gradient checkpointing of every n-th decoder layer (1: all of them), None for none: config's
+    gradient_checkpointing (true: every layer); null: none where the memory planner says the run fits this GPU
+    without, else as few layers as fit. Rank 0 says the planner's verdict in one line (every worker comes to the same),
+    with the time max_steps take."""
+    shape = dict(gpus=world_size, seq_len=config["max_length"], fused_adamw=True,
+                 gradient_as_bucket_view=True,  # as train_loop_per_worker trains
                  max_steps=config["max_steps"], torch_compile=False, framework="pytorch")
     with contextlib.redirect_stderr(sys.stderr if rank == 0 else io.StringIO()):
-        return gradient_checkpointing_to_fit(config["model_name_or_path"], "ddp", config["gradient_checkpointing"],
-                                             **shape)
+        fit = fit_activations(config["model_name_or_path"], "ddp", gradient_checkpointing=config["gradient_checkpointing"],
+                              per_device_train_batch_size=config["per_device_train_batch_size"], **shape)
+    if config["gradient_checkpointing"] is not None:
+        return 1 if config["gradient_checkpointing"] else None
+    return fit["gradient_checkpointing_kwargs"]["every_n_layers"] if fit.get("gradient_checkpointing") else None
 
 
 def train_loop_per_worker(config: dict) -> list[dict]:
@@ -189,7 +194,7 @@ def train_loop_per_worker(config: dict) -> list[dict]:
     loader = ray.train.torch.prepare_data_loader(  # Ray: adds a DistributedSampler, moves batches to the device
         torch.utils.data.DataLoader(blocks, batch_size=batch_size, shuffle=True, drop_last=True))
 
-    checkpointing = use_gradient_checkpointing(config, rank, world_size)
+    every_n_layers = checkpointed_every_n_layers(config, rank, world_size)
     model = AutoModelForCausalLM.from_pretrained(config["model_name_or_path"], dtype=torch.float32)  # fp32 master
     history, step = [], 0
     resumed_from, state = newest_ray_checkpoint(config["experiment_dir"])  # after a failure, or a rerun
@@ -197,8 +202,8 @@ def train_loop_per_worker(config: dict) -> list[dict]:
         model.load_state_dict(state["model"])
         step, history = state["step"], state["history"]
         print(f"rank {rank}: resuming from {resumed_from} (step {step})", flush=True)
-    if checkpointing:
-        model.gradient_checkpointing_enable()
+    if every_n_layers:
+        model.gradient_checkpointing_enable({"use_reentrant": False}, every_n_layers=every_n_layers)
     # Ray: onto this worker's GPU, wrapped in DDP, whose gradients are views into its all-reduce buckets (no second
     # copy: 12 GB at 3B parameters); fused AdamW steps in place (no sqrt(v) temporary: 12 GB more)
     model = ray.train.torch.prepare_model(model, parallel_strategy_kwargs={"gradient_as_bucket_view": True})
