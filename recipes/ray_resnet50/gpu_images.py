@@ -228,9 +228,9 @@ class ReadJob(NamedTuple):
 
 
 class HostBuffers:
-    """`count` byte buffers (pinned for a GPU: nvJPEG copies from them without a staging copy) handed out in turn
-    and reused, each grown when a batch needs more; the holder makes sure that a buffer's batch was decoded before it
-    comes round again."""
+    """`count` byte buffers (page-locked for a GPU) handed out in turn and reused, each grown when a batch needs more,
+    so that pinning (slow, and more of it each batch) happens a few times per run; the holder makes sure that a
+    buffer's batch was decoded before it comes round again."""
 
     def __init__(self, count: int, pinned: bool):
         self.buffers: list[torch.Tensor | None] = [None] * count
