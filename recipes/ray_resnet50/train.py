@@ -66,6 +66,7 @@ class Settings:
     image_size: int
     data_pipeline: str
     read_threads: int
+    prefetch_batches: int
     dataloader_num_workers: int
     torch_compile: bool
     bf16: bool
@@ -86,15 +87,23 @@ def build_model(weights: str | None, num_classes: int) -> torch.nn.Module:
     return model
 
 
-def die_once(config: dict, epoch: int, rank: int, world_size: int) -> None:
-    """Test hook (--fail-once-at-epoch): after training that epoch, before reporting it, the last rank
-    kills itself, once (a marker file remembers), as a worker on a lost node would die."""
+def die_once(config: dict, epoch: int, rank: int, world_size: int, loader):
+    """Test hook (--fail_once_at_epoch): halfway through training that epoch the last rank kills itself, once (a
+    marker file remembers), as a worker on a lost node would die: its loader's thread with batches in flight."""
     marker = config["fail_marker"]
     if config.get("fail_once_at_epoch") != epoch or rank != world_size - 1 or os.path.exists(marker):
-        return
-    Path(marker).write_text(f"rank {rank} killed itself in epoch {epoch}\n")
-    print(f"[test hook] rank {rank}: SIGKILL in epoch {epoch}, before its report", flush=True)
-    os.kill(os.getpid(), signal.SIGKILL)
+        return loader
+    return _killed_halfway(loader, marker, epoch, rank)
+
+
+def _killed_halfway(loader, marker: str, epoch: int, rank: int):
+    halfway = len(loader) // 2
+    for step, batch in enumerate(loader):
+        if step == halfway:
+            Path(marker).write_text(f"rank {rank} killed itself in epoch {epoch}, step {step}\n")
+            print(f"[test hook] rank {rank}: SIGKILL in epoch {epoch} at step {step} of {len(loader)}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        yield batch
 
 
 def run_epoch(model, loader, optimizer, device, bf16: bool) -> tuple[float, float, int, float]:
@@ -133,11 +142,12 @@ def train_loop_per_worker(config: dict) -> dict:
     bf16 = config["bf16"] and device.type == "cuda"
     torch.manual_seed(config["seed"])
 
-    # JPEG decoding and augmentation on this worker's device, a few batches ahead (gpu_images.py)
+    # JPEG decoding and augmentation on this worker's device, prefetch_batches ahead of the step (gpu_images.py)
     train_loader, val_loader = make_loaders(
         config["data_pipeline"], config["dataset_name"], batch_size=config["per_device_train_batch_size"],
         image_size=config["image_size"], device=device, rank=rank, world_size=world_size, seed=config["seed"],
-        read_threads=config["read_threads"], dataloader_num_workers=config["dataloader_num_workers"])
+        read_threads=config["read_threads"], dataloader_num_workers=config["dataloader_num_workers"],
+        prefetch_batches=config["prefetch_batches"])
     model = build_model(config["weights"], num_classes=train_loader.num_classes)
     start_epoch, history = 0, []
     resumed_from, state = newest_ray_checkpoint(config["experiment_dir"])  # after a failure, or a rerun
@@ -158,8 +168,8 @@ def train_loop_per_worker(config: dict) -> dict:
     for epoch in range(start_epoch, config["num_train_epochs"]):
         train_loader.set_epoch(epoch)  # this epoch's shuffle and crops: the same after a restart
         started = time.perf_counter()
-        train_loss, train_acc, train_images, train_s = run_epoch(model, train_loader, optimizer, device, bf16)
-        die_once(config, epoch, rank, world_size)
+        batches = die_once(config, epoch, rank, world_size, train_loader)
+        train_loss, train_acc, train_images, train_s = run_epoch(model, batches, optimizer, device, bf16)
         if epoch == start_epoch:
             checkpoints.check_resumed_loss(train_loss, resumed_from)
         val_loss, val_acc, _, _ = run_epoch(model, val_loader, None, device, bf16)
@@ -224,7 +234,7 @@ def report(args, result, use_gpu: bool, wall_s: float, tracking) -> None:
     path = write_metrics(
         args.output_dir,
         recipe=RECIPE, world_size=history[-1]["world_size"], use_gpu=use_gpu,
-        data_pipeline=args.data_pipeline, torch_compile=args.torch_compile,
+        data_pipeline=args.data_pipeline, prefetch_batches=args.prefetch_batches, torch_compile=args.torch_compile,
         per_device_train_batch_size=args.per_device_train_batch_size, image_size=args.image_size, weights=args.weights,
         epochs=history, losses=losses, initial_loss=losses[0], final_loss=losses[-1],
         final_val_accuracy=history[-1]["val_accuracy"],
