@@ -21,9 +21,11 @@ no collective there). Per rank, against the median of the other ranks (medians o
 The rank slower by the most is named when that is at least SLOWER_BY (10 %), with the cause that holds most of its
 extra time: waiting for data, or slower steps; then, with GPUs, its GPU's SM clock against the others' (NVML, read
 by nbhelpers.launch.system_metrics) when it is lower, and why NVML says it was held down (thermal, power).
-Under FSDP or ZeRO-3 the forward pass gathers parameters from the other ranks, so a rank that computes slowly shows
-less there; a collective between steps (the HF Trainer's token count, `average_tokens_across_devices`) makes every
-rank wait for a late one's data on CPUs (gloo blocks the host; NCCL does not).
+Where it cannot tell. Under FSDP or ZeRO-3 the forward pass gathers parameters from the other ranks, so a rank that
+computes slowly shows less there. A collective between steps that blocks the host makes the others wait for a late
+rank's data there too, which evens out the data waits: the HF Trainer's token count (`average_tokens_across_devices`)
+on CPUs (gloo blocks the host, NCCL does not); Lightning's broadcast from rank 0 before each batch (its SIGTERM check)
+adds its latency to the other ranks' data wait (about a millisecond on a busy 2-core machine).
 
 Nothing here imports torch, or another module of nbhelpers.
 """

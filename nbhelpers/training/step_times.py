@@ -71,8 +71,9 @@ class StepTimes:
         if model is not None:
             if isinstance(model, torch.nn.parallel.DistributedDataParallel):
                 model = model.module  # DDP's forward calls it after its own collectives (buffers)
-            pre = torch.compiler.disable(self._forward_pre_hook)  # a compiled model calls them as they are
-            post = torch.compiler.disable(self._forward_hook)
+            pre, post = self._forward_pre_hook, self._forward_hook
+            if "torch._dynamo" in sys.modules:  # a model compiled whole calls them as they are (no graph break said);
+                pre, post = torch.compiler.disable(pre), torch.compiler.disable(post)  # else not imported (1 s) for it
             self.hooks = [model.register_forward_pre_hook(pre), model.register_forward_hook(post)]
 
     def _forward_pre_hook(self, module, args):
