@@ -31,6 +31,19 @@ REPO = Path(__file__).resolve().parents[1]
 LINE = "slower than the median rank"
 
 
+class RandomRows(torch.utils.data.Dataset):
+    """`size` rows of 256 random numbers, made as they are read."""
+
+    def __init__(self, size):
+        self.size = size
+
+    def __len__(self):
+        return self.size
+
+    def __getitem__(self, index):
+        return torch.randn(256)
+
+
 def train(late_rank=None, how=None, steps=60, fail_at=None):
     """A DDP MLP for `steps` steps; `late_rank`'s data loader sleeps 15 ms a batch (how="data"), or its batches are
     4 times larger (how="step"). fail_at: rank 0 raises after that many steps."""
@@ -47,7 +60,7 @@ def train(late_rank=None, how=None, steps=60, fail_at=None):
             time.sleep(0.015)  # a slow data pipeline: decoding, augmenting, a remote file system
         return torch.stack(items)
 
-    loader = DataLoader([torch.randn(256) for _ in range(rows * steps)], batch_size=rows, collate_fn=collate)
+    loader = DataLoader(RandomRows(rows * steps), batch_size=rows, collate_fn=collate)
     step_times = StepTimes(model)
     for step, x in enumerate(loader):
         if step == fail_at and rank == 0:
