@@ -6,7 +6,8 @@
 - engine_core.py     what both engines share: the error, the torchrun environment, output, stalls, clean-up
 - payload.py         what travels to a rank (the call, by value) and back (its Outcome)
 - gpu_lease.py       host-wide GPU leases: launches running at once get disjoint GPUs
-- system_metrics.py  CPU, memory and GPU use of the ranks while they run
+- system_metrics.py  CPU, memory and GPU use of the ranks while they run (GPU clocks and temperature too)
+- stragglers.py      which rank held the others back, and why: the one line at the end of a launch
 - ray_launcher.py    `@ray_launch`: a function that drives Ray itself (`from nbhelpers import ray_launch`)
 - commands.py        `run_command`: a command line (torchrun, `axolotl train`) with its output in the cell
 

@@ -7,6 +7,8 @@
 - tracking.py         MLflow: one store for every run of the project, an experiment, a notebook's run
 - hub.py              a model or dataset by name (a folder or a hub id) found before training, or one clear error
 - trainer_log.py      what a Hugging Face Trainer measured: logged values, tokens/s without the warm-up steps
+- step_times.py       this rank's wait for data, forward passes and steps, for the straggler report (a call per step,
+                      or a callback: trainer_log.StepTimer for the HF Trainer, lightning_callback())
 - adapters.py         a LoRA adapter's fingerprint (identical on every rank under DDP), the merged model's export
 - needs_gpu.py        what cannot run on CPUs (TRL's loss kernel) says so before anything loads
 - packing.py          GPT-OSS's attention masks for packed rows: each conversation attends only to itself
