@@ -114,7 +114,7 @@ class StepTimes:
     def close(self) -> str | None:
         """Remove the hooks. Outside `@distributed` (torchrun, Ray), with torch.distributed initialized: gather every
         rank's figures, and rank 0 prints the straggler's line, if any, and logs them to its MLflow run (a collective:
-        every rank calls it). Returns the line (on rank 0)."""
+        every rank calls it; no GPU clocks there: the launcher samples those). Returns the line (on rank 0)."""
         for hook in self.hooks:
             hook.remove()
         self.hooks = []
