@@ -44,9 +44,10 @@ class RandomRows(torch.utils.data.Dataset):
         return torch.randn(256)
 
 
-def train(late_rank=None, how=None, steps=60, fail_at=None):
+def train(late_rank=None, how=None, steps=60, fail_at=None, killed_at=None):
     """A DDP MLP for `steps` steps; `late_rank`'s data loader sleeps 15 ms a batch (how="data"), or its batches are
-    4 times larger (how="step"). fail_at: rank 0 raises after that many steps."""
+    4 times larger (how="step"). fail_at: rank 0 raises after that many steps; killed_at: rank 1 is killed (SIGKILL)
+    after that many."""
     dist.init_process_group(backend())
     rank = dist.get_rank()
     torch.manual_seed(0)
@@ -65,6 +66,8 @@ def train(late_rank=None, how=None, steps=60, fail_at=None):
     for step, x in enumerate(loader):
         if step == fail_at and rank == 0:
             raise RuntimeError("rank 0 gives up")
+        if step == killed_at and rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
         loss = model(x).square().mean()
         optimizer.zero_grad()
         loss.backward()
@@ -107,6 +110,12 @@ def test_even_ranks_are_reported_by_nobody(capsys):
 def test_a_failed_launch_still_reports_the_steps_that_ran(capsys):
     with pytest.raises(DistributedError, match="rank 0 gives up"):
         distributed(train, gpus=2).distributed(late_rank=1, how="data", steps=200, fail_at=40)
+    assert f"@distributed: train(): rank 1 was " in capsys.readouterr().err
+
+
+def test_a_rank_killed_by_a_signal_has_left_its_steps_for_the_report(capsys):
+    with pytest.raises(DistributedError, match="rank 1 of 2 was killed by signal SIGKILL"):
+        distributed(train, gpus=2).distributed(late_rank=1, how="data", steps=200, killed_at=40)
     assert f"@distributed: train(): rank 1 was " in capsys.readouterr().err
 
 
@@ -162,7 +171,7 @@ def test_under_torchrun_rank_0_prints_the_report_when_training_ends(tmp_path):
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={free_port()}",
                str(script)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("NBHELPERS_STEP_TIMES_DIR", None)
+    env.pop("NBHELPERS_STEP_TIMES_FILE", None)
     done = subprocess.run(command, capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [line for line in done.stderr.splitlines() if LINE in line]

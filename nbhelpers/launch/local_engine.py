@@ -13,9 +13,9 @@ cut that short) and one `DistributedError` names the rank whose failure came fir
 traceback. `stall_timeout` watches each rank on its own (nbhelpers.launch.engine_core.ProgressWatch): its output, and
 snapshots of its Python stack sent through a pipe every quarter of the timeout. `timeout` is the launch's
 wall-clock limit (databricks.air's): past it, every rank's process tree is stopped and a DistributedTimeoutError
-says the limit and how to change it. A launch leaves no file of its own (its ranks' step times pass through a
-temporary folder, read when it ends for the report of which rank held the others back: nbhelpers.launch.stragglers);
-when an MLflow run is active, each rank's output goes to it as the artifact logs/rank_N.txt (engine_core.save_rank_logs).
+says the limit and how to change it. A launch writes no file of its own (its ranks' step times, for the report of
+which rank held the others back, go into memory it reads when it ends: nbhelpers.launch.stragglers); when an MLflow
+run is active, each rank's output goes to it as the artifact logs/rank_N.txt (engine_core.save_rank_logs).
 Ranks die with this process if it dies, and when a launch ends whatever still refers to it.
 With GPUs, a launch first leases its GPUs host-wide (nbhelpers.launch.gpu_lease), so launches running at once
 (`distributed_async`) get disjoint GPUs; while it runs, nbhelpers.launch.system_metrics samples its ranks.
@@ -389,7 +389,7 @@ class _LocalLaunch:
         self.printers = Printers(output, label, keep_logs=mlflow_run_id is not None)
         self.watch = None  # a ProgressWatch, with a stall timeout
         self.run_id = None  # set once the port is picked: the stop must work from any point of the start
-        self.step_times = LaunchStepTimes()  # where the ranks record their steps, for the straggler report
+        self.step_times = LaunchStepTimes(world_size)  # where the ranks record their steps, for the straggler report
 
     def run(self) -> RankResults:
         started = time.monotonic()
@@ -397,9 +397,9 @@ class _LocalLaunch:
             return self._run()
         except KeyboardInterrupt:  # the ranks are stopped by now (_run's finally): say what happened, in one line
             stopped = sum(r.process.pid is not None for r in self.ranks)
-            self.step_times.report(self.label or f"{self.name}()", self.world_size, None, self.mlflow_run_id)
+            self.step_times.report(self.label or f"{self.name}()", None, self.mlflow_run_id)
         finally:
-            self.step_times.remove()
+            self.step_times.close()
         raise interrupted(self.name, stopped, time.monotonic() - started)  # outside the handler: no "During handling"
 
     def _run(self) -> RankResults:
@@ -426,7 +426,7 @@ class _LocalLaunch:
                     if r.outcome is not None and not r.outcome.ok and r.outcome.traceback:
                         self.printers.logs[r.rank].feed(r.outcome.traceback.encode(errors="replace"))
                 save_rank_logs(self.mlflow_run_id, self.printers.logs, self.world_size, self.restart)
-        step_times = self.step_times.report(self.label or f"{self.name}()", self.world_size, system_metrics,
+        step_times = self.step_times.report(self.label or f"{self.name}()", system_metrics,
                                             self.mlflow_run_id)  # after the ranks' output: the straggler, if any
         if failure is not None:
             raise failure

@@ -6,9 +6,9 @@
 Each rank records three durations per optimizer step (nbhelpers.training.step_times: a call per step, or a Trainer or
 Lightning callback): its data wait (from the end of its previous step to the start of its first forward pass), its
 forward passes (CUDA events on a GPU: the GPU's time, read once finished, without a host-device sync), and the whole
-step (end to end). Under `@distributed` they go into a file per rank in a folder of the launch (`LaunchStepTimes`),
-which the launcher reads when the launch ends, however it ends; elsewhere (torchrun, Ray) the ranks gather them at
-the end and rank 0 prints the line (StepTimes.close).
+step (end to end). Under `@distributed` they go into the launch's memory file (`LaunchStepTimes`: a memfd, nothing on
+disk), which the launcher reads when the launch ends, however it ends; elsewhere (torchrun, Ray) the ranks gather
+them at the end and rank 0 prints the line (StepTimes.close).
 
 How the line is decided. Every step of a data-parallel job ends in a collective (DDP's all-reduce), so every rank's
 step lasts as long as the slowest rank's: step times alone cannot tell who was late. What differs is what each rank
@@ -32,13 +32,12 @@ Nothing here imports torch, or another module of nbhelpers.
 from __future__ import annotations
 
 import math
+import mmap
 import os
-import shutil
 import struct
 import sys
-import tempfile
 
-STEP_TIMES_DIR = "NBHELPERS_STEP_TIMES_DIR"  # set by the local engine in each rank: the launch's folder
+STEP_TIMES_FILE = "NBHELPERS_STEP_TIMES_FILE"  # set by the local engine in each rank: the launch's memory file
 SLOWER_BY = 0.10  # a rank at least this much slower than the median rank is named
 WINDOW = 4096  # steps kept per rank (the newest): the medians are of these
 CLOCK_LOWER_BY = 0.05  # a straggler's GPU clock at least this much below the others' is said
@@ -46,6 +45,7 @@ CLOCK_LOWER_BY = 0.05  # a straggler's GPU clock at least this much below the ot
 _COUNT = struct.Struct("<q")  # the file's header: steps recorded in all
 _RECORD = struct.Struct("<3d")  # one step: data wait, forward, whole step (seconds; NaN where unknown)
 BUFFER_BYTES = _COUNT.size + WINDOW * _RECORD.size
+RANK_BYTES = -(-BUFFER_BYTES // mmap.ALLOCATIONGRANULARITY) * mmap.ALLOCATIONGRANULARITY  # a rank's part of the file
 
 
 def record_step(buffer, data_wait: float, forward: float, step: float) -> None:
@@ -163,24 +163,26 @@ def log_to_mlflow(run_id: str, figures: dict) -> None:
 
 
 class LaunchStepTimes:
-    """The folder a local launch's ranks record their step times in (a temporary one, removed when the launch ends)."""
+    """Where a local launch's ranks record their steps: a memory file of the launcher (memfd), RANK_BYTES for each
+    rank, which a rank maps through /proc/<launcher>/fd. Nothing is on disk, and the kernel frees it once the launcher
+    and its ranks are gone, however they end. Where memfds are missing (not Linux), the ranks report as under torchrun."""
 
-    def __init__(self):
-        self.folder = tempfile.mkdtemp(prefix="nbhelpers-step-times-")
+    def __init__(self, world_size: int):
+        self.world_size, self.fd = world_size, None
+        if hasattr(os, "memfd_create"):
+            self.fd = os.memfd_create("nbhelpers-step-times")  # close-on-exec: no process the launcher runs gets it
+            os.ftruncate(self.fd, world_size * RANK_BYTES)
 
     def environment(self) -> dict:
-        return {STEP_TIMES_DIR: self.folder}
+        return {} if self.fd is None else {STEP_TIMES_FILE: f"/proc/{os.getpid()}/fd/{self.fd}"}
 
-    def report(self, name: str, world_size: int, system_metrics: dict | None, mlflow_run_id: str | None) -> dict | None:
+    def report(self, name: str, system_metrics: dict | None, mlflow_run_id: str | None) -> dict | None:
         """The launch's figures (launch_figures), None where no rank recorded a step; the straggler's line, if any, is
         printed, and the figures go to the MLflow run."""
-        ranks = []
-        for rank in range(world_size):
-            try:
-                with open(os.path.join(self.folder, f"rank_{rank}.bin"), "rb") as file:
-                    ranks.append(rank_figures(file.read()))
-            except (OSError, struct.error):  # it recorded nothing (or had not sized its file yet)
-                ranks.append(None)
+        if self.fd is None:
+            return None
+        ranks = [rank_figures(os.pread(self.fd, BUFFER_BYTES, rank * RANK_BYTES)) for rank in range(self.world_size)]
+        ranks = [r if r["steps"] else None for r in ranks]  # a rank that recorded nothing
         if not any(ranks):
             return None
         figures = launch_figures(ranks, system_metrics)
@@ -190,5 +192,7 @@ class LaunchStepTimes:
             log_to_mlflow(mlflow_run_id, figures)
         return figures
 
-    def remove(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None

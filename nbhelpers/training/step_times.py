@@ -13,8 +13,8 @@ nbhelpers.training.trainer_log.StepTimer, Lightning with `lightning_callback()`;
 explicitly. Nothing of another library is patched: the forward hooks are PyTorch's (`register_forward_pre_hook`)
 on the model this rank trains, and `close()` removes them.
 
-Under `@distributed` each step goes at once into a file of the launch (mapped memory: a rank that is killed has left
-its steps there), and the launcher reports when the launch ends, however it ends. Elsewhere (torchrun, Ray) `close()`
+Under `@distributed` each step goes at once into the launch's memory file (mapped: a rank that is killed has left its
+steps there), and the launcher reports when the launch ends, however it ends. Elsewhere (torchrun, Ray) `close()`
 gathers every rank's figures and rank 0 prints the line.
 
 Cost: per step, two timestamps per forward pass and one per step, kept in memory (measured on the MLP notebook's
@@ -34,20 +34,20 @@ import torch
 from nbhelpers.launch import stragglers
 
 _PENDING_STEPS = 64  # steps whose forward passes the GPU has not finished, at most (older ones are dropped)
-_launch_file = None  # this rank's file of the launch (mapped), once opened: every StepTimes of the rank appends to it
+_launch_file = None  # this rank's part of the launch's memory file, once mapped: every StepTimes of the rank appends to it
 
 
 def _launch_buffer():
-    """The mapped file of this rank in the launch's folder, or None outside `@distributed`."""
+    """This rank's part of the launch's memory file (nbhelpers.launch.stragglers.LaunchStepTimes), mapped; None outside
+    `@distributed`."""
     global _launch_file
-    folder = os.environ.get(stragglers.STEP_TIMES_DIR)
-    if folder is None:
+    path = os.environ.get(stragglers.STEP_TIMES_FILE)
+    if path is None:
         return None
     if _launch_file is None:
-        fd = os.open(os.path.join(folder, f"rank_{os.environ.get('RANK', '0')}.bin"), os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(path, os.O_RDWR)
         try:
-            os.ftruncate(fd, stragglers.BUFFER_BYTES)
-            _launch_file = mmap.mmap(fd, stragglers.BUFFER_BYTES)
+            _launch_file = mmap.mmap(fd, stragglers.BUFFER_BYTES, offset=int(os.environ["RANK"]) * stragglers.RANK_BYTES)
         finally:
             os.close(fd)
     return _launch_file
@@ -119,7 +119,7 @@ class StepTimes:
             hook.remove()
         self.hooks = []
         dist = torch.distributed
-        if os.environ.get(stragglers.STEP_TIMES_DIR) is not None or not (dist.is_available() and dist.is_initialized()):
+        if os.environ.get(stragglers.STEP_TIMES_FILE) is not None or not (dist.is_available() and dist.is_initialized()):
             return None  # @distributed reports after the launch; a single process cannot straggle
         ranks = [None] * dist.get_world_size()
         dist.all_gather_object(ranks, stragglers.rank_figures(self.buffer))
