@@ -86,13 +86,13 @@ def test_a_model_too_large_for_the_gpus_stops_before_it_loads(standin, tmp_path)
     assert not (tmp_path / "output" / "checkpoints").exists()
 
 
-@pytest.mark.parametrize("gpu_memory_gib, batch, accumulation, checkpointing", [(79.6, 2, 8, False),
-                                                                                (140.4, 4, 4, False)])
+@pytest.mark.parametrize("gpu_memory_gib, torch_compile, every_n_layers", [(79.6, True, None), (140.4, False, None),
+                                                                          (79.6, False, 2)])
 def test_the_trainer_gets_the_planners_way_to_fit_with_the_same_tokens_a_step(monkeypatch, capsys, gpu_memory_gib,
-                                                                               batch, accumulation, checkpointing):
-    """The notebook's settings as its settings cell leaves them for the full-size model: on an 80 GB GPU micro-batches
-    of 2 rows and 8 accumulation steps (no recomputation), on a 141 GB one its own 4 and 4; 16 rows a step either way.
-    A config file's gradient_checkpointing wins."""
+                                                                               torch_compile, every_n_layers):
+    """The notebook's settings as its settings cell leaves them for the full-size model: its own 4 rows and 4
+    accumulation steps without recomputation where that fits (compiled layers on an 80 GB GPU, any on a 141 GB one),
+    every 2nd layer checkpointed eager on 80 GB; 16 rows a step either way. A config file's gradient_checkpointing wins."""
     from types import SimpleNamespace
 
     from nbhelpers.planner import fits
@@ -107,9 +107,11 @@ def test_the_trainer_gets_the_planners_way_to_fit_with_the_same_tokens_a_step(mo
             "gpt-oss-20b", "ddp", per_device_train_batch_size=args.per_device_train_batch_size,
             gradient_accumulation_steps=args.sft_settings.get("gradient_accumulation_steps", 4),
             gradient_checkpointing=args.sft_settings.get("gradient_checkpointing"), lora_rank=8, seq_len=2048,
-            attention="flex", chunked_loss=True)
+            attention="flex", chunked_loss=True, torch_compile=torch_compile)
         sft = nb["sft_config"](args)
-        expected = (4, 4, True) if config_file else (batch, accumulation, checkpointing)
-        assert (sft.per_device_train_batch_size, sft.gradient_accumulation_steps, sft.gradient_checkpointing) == expected
-        assert sft.per_device_train_batch_size * sft.gradient_accumulation_steps == 16
+        assert (sft.per_device_train_batch_size, sft.gradient_accumulation_steps) == (4, 4)
+        every = 1 if config_file else every_n_layers
+        assert sft.gradient_checkpointing == (every is not None)
+        assert sft.gradient_checkpointing_kwargs.get("every_n_layers", 1) == (every or 1)
+        assert sft.gradient_checkpointing_kwargs["use_reentrant"] is False  # DDP with frozen weights needs it
     assert len(capsys.readouterr().err.strip().splitlines()) == 2  # one verdict a run

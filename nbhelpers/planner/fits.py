@@ -25,8 +25,10 @@ __all__ = ["WillNotFit", "check_fits", "fit_activations", "visible_gpus"]
 # forward) and half of a LoRA step's (frozen weights: input gradients only).
 RECOMPUTE_SHARE = {"full": 1 / 3, "lora": 1 / 2}
 # Half the micro-batch with twice the accumulation steps: the same FLOPs, in kernels on half the rows and twice the
-# launches. An assumption, checked on the GPT-OSS-20B notebook (benchmarks/README.md, 2026-12-07).
-HALVED_MICRO_BATCH_COST = 0.10
+# launches. Measured on the GPT-OSS-20B notebook, one H100, 2026-12-07, both compiled without checkpointing: 23,133
+# tokens/s with micro-batches of 4 rows of 2,048, 16,246 with 2 (its grouped GEMMs get half the rows per expert).
+# Recomputation measured the same day: every layer 0.45 (0.5 counted), every 2nd layer 0.18 (0.25 counted).
+HALVED_MICRO_BATCH_COST = 0.42
 
 
 class WillNotFit(MemoryError):
@@ -64,7 +66,8 @@ def check_fits(model, technique: str, *, gpus: int | None = None, lora_rank: int
     name, memory = here[0][0], min(gib for _, gib in here[:gpus])
     options = dict(lora_rank=lora_rank, quantization=quantization, seq_len=seq_len, micro_batch=micro_batch,
                    checkpointing=checkpointing, every_n_layers=every_n_layers, attention=attention, fused_adamw=fused_adamw,
-                   gradient_as_bucket_view=gradient_as_bucket_view, chunked_loss=chunked_loss, suggest=False)
+                   gradient_as_bucket_view=gradient_as_bucket_view, chunked_loss=chunked_loss,
+                   torch_compile=bool(torch_compile), suggest=False)
     built = load_model(model)  # on the meta device, once for every plan below
     verdict = plan(built, gpus=gpus, gpu_memory_gib=memory, **options)
     needed = verdict.estimate(technique)
@@ -117,6 +120,7 @@ def fit_activations(model, technique: str, *, per_device_train_batch_size: int,
     options += [(recompute * -(-layers // n) / layers, batch, accumulation, True, n) for n in range(layers, 0, -1)]
     planning = {k: v for k, v in shape.items() if k in ("lora_rank", "quantization", "seq_len", "attention",
                                                          "fused_adamw", "gradient_as_bucket_view", "chunked_loss")}
+    planning["torch_compile"] = bool(shape.get("torch_compile"))
     for cost, micro, steps, checkpointing, every in sorted(options, key=lambda option: option[0]):
         if plan(built, gpus=gpus, gpu_memory_gib=memory, micro_batch=micro, checkpointing=checkpointing,
                 every_n_layers=every, suggest=False, **planning).fits(technique):

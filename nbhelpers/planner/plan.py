@@ -159,6 +159,14 @@ LINEAR_ATTENTION_KERNELS = ("torch", "fla")
 DELTA_RULE_CHUNK = 64  # transformers' torch_chunk_gated_delta_rule chunk_size (and fla's)
 PRECISIONS = ("bf16-mixed", "bf16")
 CONTEXT_GIB = 1.5  # CUDA context + cuBLAS/NCCL workspaces: outside torch's allocator
+# Compiled decoder layers (torch.compile of each layer) keep a share of what eager autograd saves: Inductor's partitioner
+# recomputes the pointwise chains (norms, the experts' clamped SwiGLU) in the backward and saves mostly what matmuls,
+# attention and the routing need. Measured, (model_type, "lora" or "full") -> share of the eager count per layer;
+# where nothing was measured the eager count stands (an upper bound). GPT-OSS-20B, LoRA r=8 on the attention, flex
+# attention, packed rows of 4 x 2,048, one H100, 2026-12-07: 115.5 k of the 285.9 k bytes a token and layer that eager
+# saves (the peak of the run without checkpointing less the planner's other terms; the runs with micro-batches of 2,
+# every 2nd layer and every layer checkpointed then came within 1 %, 1 % and 5 %: benchmarks/README.md).
+COMPILED_LAYER_SHARE = {("gpt_oss", "lora"): 0.40}
 FRAGMENTATION = 0.10  # reserved above allocated
 DEEPSPEED_REDUCE_BUCKET = 5e8  # elements; DeepSpeed's reduce_bucket_size default
 DEEPSPEED_PREFETCH = 5e7  # elements; stage3_prefetch_bucket_size default
@@ -360,12 +368,14 @@ def _sliding_fraction(config) -> float:
 
 def activation_bytes(config, seq_len: int, micro_batch: int, checkpointing: bool, attention: str,
                      fp32_residual: bool = False, linear_attention: str = "torch", chunked_loss: bool = False,
-                     every_n_layers: int = 1) -> int:
+                     every_n_layers: int = 1, compiled_share: float = 1.0) -> int:
+    """compiled_share: what compiled layers keep of the eager count (COMPILED_LAYER_SHARE), 1.0 eager."""
     per_token = activation_bytes_per_token(config, seq_len, attention, fp32_residual, linear_attention, chunked_loss)
-    checkpointed = [checkpointing and i % every_n_layers == 0 for i in range(len(per_token["layers"]))]
-    kept = sum(size for size, inside in zip(per_token["layers"], checkpointed) if not inside)
+    layers = [size * compiled_share for size in per_token["layers"]]
+    checkpointed = [checkpointing and i % every_n_layers == 0 for i in range(len(layers))]
+    kept = sum(size for size, inside in zip(layers, checkpointed) if not inside)
     if any(checkpointed):  # the checkpointed layers' inputs, then one of them recomputed while the head is gone
-        per = kept + sum(checkpointed) * per_token["checkpoint"] + max(per_token["head"], per_token["layer"])
+        per = kept + sum(checkpointed) * per_token["checkpoint"] + max(per_token["head"], max(layers))
     else:
         per = kept + per_token["head"]
     return int(per * seq_len * micro_batch)
@@ -545,7 +555,7 @@ def plan(model, gpus: int = 1, gpu_memory_gib: float = 80.0, precision: str = "b
          checkpointing: bool = False, attention: str | None = None, suggest: bool = True,
          quantization: str | None = None, cpu_memory_gib: float | None = None, gpus_per_node: int | None = None,
          linear_attention: str = "torch", fused_adamw: bool = False, gradient_as_bucket_view: bool = False,
-         chunked_loss: bool = False, every_n_layers: int = 1) -> Plan:
+         chunked_loss: bool = False, every_n_layers: int = 1, torch_compile: bool = False) -> Plan:
     """Estimate per-GPU memory of each technique and pick one (see the module docstring for the model).
 
     model: a stand-in name, hub id, model folder, transformers config or built model, or the (name, model)
@@ -564,6 +574,8 @@ def plan(model, gpus: int = 1, gpu_memory_gib: float = 80.0, precision: str = "b
     buckets, not a second copy beside them (the DDP row on several GPUs).
     chunked_loss: the loss never holds the whole logits (TRL's SFTTrainer): 16 bytes a token instead of 12 x vocab.
     every_n_layers: with checkpointing, only every k-th decoder layer is checkpointed (1: all of them).
+    torch_compile: each decoder layer compiled; its activations as measured for the model (COMPILED_LAYER_SHARE),
+    else counted as eager.
     """
     if not isinstance(gpus, int) or gpus < 1:
         raise ValueError(f"gpus must be a whole number >= 1, not {gpus!r}")
@@ -594,13 +606,15 @@ def plan(model, gpus: int = 1, gpu_memory_gib: float = 80.0, precision: str = "b
     attention = "eager" if attention == "eager" else "sdpa"
     hybrid = "linear_attention" in (getattr(config, "layer_types", None) or [])
     counts = count_parameters(meta_model, lora_rank, lora_targets, quantization)
+    compiled_share = COMPILED_LAYER_SHARE.get((config.model_type, "lora" if lora_rank else "full"), 1.0) \
+        if torch_compile else 1.0
 
     estimates = []
     for technique in TECHNIQUES + OFFLOAD_TECHNIQUES:
         terms = state_bytes(technique, counts, gpus, precision, fused_adamw, gradient_as_bucket_view)
         fp32_residual = technique == "ddp" and precision == "bf16-mixed" and not lora_rank  # autocast on fp32 weights
         terms["activations"] = activation_bytes(config, seq_len, micro_batch, checkpointing, attention, fp32_residual,
-                                                linear_attention, chunked_loss, every_n_layers)
+                                                linear_attention, chunked_loss, every_n_layers, compiled_share)
         backward = terms["gradients_held"] + terms["activations"]
         step = terms["gradients"] + terms["temporaries"]
         allocated = terms["parameters"] + terms["optimizer"] + max(backward, step)
