@@ -117,6 +117,15 @@ def _runs() -> list[Run]:
     add("h100x1_2026-12-06/gpt_oss_20b/20b_compiled_packed.json", compiled=True, **today)
     add("h100x1_2026-12-06/gpt_oss_20b/nb_20b_compiled_metrics.json", "tokens_per_s.0", compiled=True, **today)
     add("h100x1_2026-12-06/gpt_oss_20b/nb_20b_eager_metrics.json", "tokens_per_s.0", compiled=False, **today)
+    # 2026-12-07: the ways to fit the activations, side by side (issue 58)
+    fitted = "h100x1_2026-12-07/gpt_oss_20b/"
+    add(fitted + "nb_20b_compiled_checkpointing_metrics.json", "tokens_per_s.0", compiled=True, **today)
+    add(fitted + "nb_20b_compiled_no_checkpointing_metrics.json", "tokens_per_s.0", compiled=True,
+        **{**today, "checkpointing": False})
+    add(fitted + "nb_20b_compiled_micro_batch_2_metrics.json", "tokens_per_s.0", compiled=True,
+        **{**today, "checkpointing": False, "micro_batch": 2})
+    add(fitted + "20b_every2_compiled_packed.json", compiled=True,
+        **{**today, "variant": "gradient checkpointing of every 2nd decoder layer only"})
 
     # GPT-OSS-120B, the TRL notebook's LoRA under FSDP2 (4 of 36 layers: what one GPU holds), checkpointing
     gpt120 = dict(model="gpt-oss-120b", layers=4, framework="trl", fine_tune="lora", technique="fsdp",
