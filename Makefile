@@ -97,8 +97,10 @@ $(AIR_VENV)/.installed: environments/databricks-air/requirements.txt environment
 
 # The locks (constraints.txt and those of environments/): `make lock` keeps what is locked and resolves what is new;
 # `make lock UPGRADE=1` takes the newest releases (holds kept). pip's resolver, with pip's configuration: lock.py says why.
+# The resolver is the main venv's pip (the lock's own version) where the venv exists.
+LOCK_PYTHON ?= $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,$(PYTHON))
 lock:
-	$(PYTHON) environments/lock.py $(if $(UPGRADE),--upgrade)
+	$(LOCK_PYTHON) environments/lock.py $(if $(UPGRADE),--upgrade)
 
 quickstart: $(QUICKSTART_STAMP)
 	mkdir -p $(RUNS)
