@@ -30,7 +30,7 @@ from torch import nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # noqa: E402
 
-from nbhelpers.launch.engine_core import free_port  # noqa: E402
+from nbhelpers.launch.processes import free_port  # noqa: E402
 from nbhelpers.training.step_times import StepTimes  # noqa: E402
 
 NUM_SAMPLES, NUM_FEATURES, HIDDEN, BATCH = 8192, 32, 256, 256  # the notebook's CPU test case

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import nbhelpers.launch.local_engine as local_engine
+import nbhelpers.launch.gpus as gpus
 from nbhelpers import DistributedError, distributed
 from timed_stream import TimedStream
 
@@ -80,8 +80,8 @@ def assert_a_rank_stuck_in_a_collective_is_a_stall(stall_timeout: float, reporte
 def simulate_gpus(monkeypatch, tmp_path, count, name="NVIDIA H200"):
     """This process sees `count` GPUs named `name` (the ranks still run on the CPU, with gloo), leased in
     a folder of this test's own."""
-    monkeypatch.setattr(local_engine, "_visible_gpu_count", lambda: count)
-    monkeypatch.setattr(local_engine, "_gpu_names", lambda gpus: [name] * len(gpus))
+    monkeypatch.setattr(gpus, "_visible_gpu_count", lambda: count)
+    monkeypatch.setattr(gpus, "_gpu_names", lambda gpus: [name] * len(gpus))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setenv("NBHELPERS_GPU_LEASE_DIR", str(tmp_path / "leases"))
 

@@ -270,7 +270,7 @@ def test_each_ranks_log_is_saved_to_the_active_mlflow_run_as_an_artifact(tmp_pat
 
 
 def test_a_ranks_log_is_bounded_keeping_its_start_and_its_end():
-    from nbhelpers.launch.engine_core import RankLog
+    from nbhelpers.launch.output import RankLog
 
     log = RankLog()
     log.feed(b"first line\n")

@@ -28,6 +28,7 @@ import torch.distributed as dist
 import yaml
 
 import nbhelpers
+import nbhelpers.launch.gpus as gpus
 import nbhelpers.launch.local_engine as local_engine
 from nbhelpers import DistributedError, backend, distributed
 from nbhelpers.launch.gpu_lease import GpuLease
@@ -82,13 +83,32 @@ def test_the_import_graph_of_nbhelpers_has_no_circle():
         visit(module)
 
 
-def test_the_engines_share_one_core_and_import_neither_each_other_nor_the_decorator():
+ENGINES = {"nbhelpers.launch.local_engine", "nbhelpers.launch.ray_engine"}
+DECORATORS = {"nbhelpers", "nbhelpers.launch.launcher", "nbhelpers.launch.ray_launcher"}
+
+
+def test_the_engines_import_neither_each_other_nor_the_decorator():
     graph = nbhelpers_imports()
-    for engine in ("nbhelpers.launch.local_engine", "nbhelpers.launch.ray_engine"):
-        assert {"nbhelpers.launch.engine_core", "nbhelpers.launch.payload"} <= graph[engine]
-        others = {"nbhelpers.launch.local_engine", "nbhelpers.launch.ray_engine", "nbhelpers.launch.launcher", "nbhelpers"}
-        assert not graph[engine] & others, graph[engine]
-    assert graph["nbhelpers.launch.engine_core"] == set() and graph["nbhelpers.launch.payload"] == set()
+    for engine in ENGINES:
+        assert {"nbhelpers.launch.errors", "nbhelpers.launch.output", "nbhelpers.launch.payload",
+                "nbhelpers.launch.processes", "nbhelpers.launch.stalls", "nbhelpers.launch.gpus"} <= graph[engine]
+        assert not graph[engine] & (ENGINES | DECORATORS), graph[engine]
+
+
+def test_what_the_engines_share_imports_no_engine_and_no_decorator():
+    graph = nbhelpers_imports()
+    shared = {m for m in graph if m.startswith("nbhelpers.launch.")} - ENGINES - DECORATORS - {"nbhelpers.launch.commands"}
+    assert {"nbhelpers.launch.errors", "nbhelpers.launch.output", "nbhelpers.launch.stalls"} <= shared
+    for module in shared:
+        assert not graph[module] & (ENGINES | DECORATORS), (module, graph[module])
+    # the error family and the output import nothing of nbhelpers, nor does what travels to a rank
+    assert graph["nbhelpers.launch.errors"] == graph["nbhelpers.launch.output"] == graph["nbhelpers.launch.payload"] == set()
+
+
+def test_no_module_is_named_for_what_is_shared_instead_of_the_question_it_answers():
+    graph = nbhelpers_imports()
+    vague = [m for m in graph if m.rpartition(".")[2] in ("core", "common", "utils", "engine_core", "helpers", "misc")]
+    assert not vague, vague
 
 
 def test_importing_nbhelpers_imports_nothing_of_ray():
@@ -130,7 +150,7 @@ def test_gpus_sets_the_number_of_cpu_processes_without_gpus():
 
 
 def test_more_gpus_than_visible_is_refused_before_anything_starts(monkeypatch):
-    monkeypatch.setattr(local_engine, "_visible_gpu_count", lambda: 2)
+    monkeypatch.setattr(gpus, "_visible_gpu_count", lambda: 2)
     with pytest.raises(ValueError, match=r"gpus=4 but only 2 GPU\(s\) are visible"):
         distributed(gpus=4)(lambda: None)
     decorated = distributed(lambda: None)
@@ -161,13 +181,13 @@ def test_num_accelerators_that_is_not_a_whole_number_is_refused_by_its_name(bad)
 
 
 def test_with_gpus_visible_the_default_is_one_process_per_gpu(monkeypatch):
-    monkeypatch.setattr(local_engine, "_visible_gpu_count", lambda: 3)
-    assert local_engine.world_size(None) == 3
+    monkeypatch.setattr(gpus, "_visible_gpu_count", lambda: 3)
+    assert gpus.world_size(None) == 3
 
 
 def test_without_gpus_more_cpu_ranks_than_the_cores_hold_are_refused_before_anything_starts(monkeypatch):
-    monkeypatch.setattr(local_engine, "_visible_gpu_count", lambda: 0)
-    cores = local_engine._usable_cores()
+    monkeypatch.setattr(gpus, "_visible_gpu_count", lambda: 0)
+    cores = gpus._usable_cores()
     message = (rf"gpus=1000000 but no GPU is visible, so every rank would be a CPU process, and this machine has "
                rf"{cores} CPU core\(s\): at most {2 * cores} CPU ranks")
     with pytest.raises(ValueError, match=message):
@@ -617,7 +637,7 @@ def assert_a_peer_that_lost_its_connection_is_said_in_words(err):
 
 
 def test_a_peers_lost_connection_is_said_in_words_and_another_later_error_is_quoted():
-    from nbhelpers.launch.engine_core import later_failures_text
+    from nbhelpers.launch.errors import later_failures_text
 
     gloo = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error "
             "[127.0.0.1]:15284: Connection reset by peer. This is typically caused by a remote worker crashing. GLHF! \U0001f3d6")
@@ -1445,7 +1465,7 @@ def test_a_ranks_traceback_in_a_notebook_names_the_cell_and_shows_its_line(kerne
 
 def test_the_rendezvous_port_is_free_and_outside_the_range_the_kernel_hands_out():
     # a port from bind(0) can be handed to someone else (gloo's pairs, another run) before rank 0 binds it
-    from nbhelpers.launch.engine_core import free_port
+    from nbhelpers.launch.processes import free_port
 
     with open("/proc/sys/net/ipv4/ip_local_port_range") as ranges:
         ephemeral_low = int(ranges.read().split()[0])

@@ -21,7 +21,7 @@ import torch
 from mlflow_runs import assert_logged_text_generator, tracked_runs
 from workload_runs import kill_process_tree, run_workload, workload
 
-from nbhelpers.launch.engine_core import free_port
+from nbhelpers.launch.processes import free_port
 from nbhelpers.training import checkpoints
 
 REPO = Path(__file__).resolve().parents[1]

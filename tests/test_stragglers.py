@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
 from nbhelpers import DistributedError, backend, distributed
-from nbhelpers.launch.engine_core import free_port
+from nbhelpers.launch.processes import free_port
 from nbhelpers.launch.stragglers import launch_figures
 from nbhelpers.training.step_times import StepTimes
 

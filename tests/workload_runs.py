@@ -50,7 +50,7 @@ def run_workload(recipe: str, parameters: dict, tmp_path: Path, *, env: dict | N
     import mlflow
 
     import nbhelpers
-    from nbhelpers.launch.engine_core import free_port
+    from nbhelpers.launch.processes import free_port
 
     spec = workload(recipe)
     settings = {**spec["parameters"], **parameters}

@@ -38,8 +38,8 @@ fi
 
 "$PYTHON" - > "$OUT/gpu_type.txt" 2>&1 <<'EOF' || true
 from nbhelpers import distributed
-import nbhelpers.launch.local_engine as engine
-gpus = engine._visible_gpus()
+import nbhelpers.launch.gpus as engine
+gpus = engine.visible_gpus()
 print("visible:", gpus, engine._gpu_names(gpus) if gpus else "(none)")
 for gpu_type in ("H200", "A10"):
     try:

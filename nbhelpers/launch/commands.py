@@ -16,7 +16,7 @@ import subprocess
 import threading
 import uuid
 
-from nbhelpers.launch.engine_core import stop_launch_processes
+from nbhelpers.launch.processes import stop_launch_processes
 
 STOP_GRACE_S = 60.0  # after an interrupt: how long SIGTERM may take (torchrun stops its workers on it)
 

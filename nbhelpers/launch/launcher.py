@@ -16,10 +16,11 @@ Code written for Databricks runs with only the import changed: serverless_gpu's 
 `@distributed(num_accelerators=8, accelerator_type="GPU_8xH100", timeout=10800)`, `.with_overrides(...)`, `.func`),
 and `@ray_launch` (nbhelpers.ray_launch).
 
-This module is the decorator only: it checks the arguments, restarts a failed launch (`max_restarts`) and
-hands each launch to an engine, nbhelpers.launch.local_engine (this host's GPUs, the default) or
-nbhelpers.launch.ray_engine (the nodes of a Ray cluster: `engine="ray"`, or `remote=True`). Both use
-nbhelpers.launch.engine_core and nbhelpers.launch.payload; neither imports the other or this module.
+This module is the decorator only: it checks the arguments (every precondition at the top of `distributed`),
+restarts a failed launch (`max_restarts`) and hands each launch to an engine, nbhelpers.launch.local_engine (this
+host's GPUs, the default) or nbhelpers.launch.ray_engine (the nodes of a Ray cluster: `engine="ray"`, or
+`remote=True`). Databricks' spellings are read by nbhelpers.launch.databricks, the GPU counts and types checked by
+nbhelpers.launch.gpus; neither engine imports the other or this module.
 """
 from __future__ import annotations
 
@@ -33,18 +34,19 @@ import time
 import warnings
 from concurrent.futures import CancelledError, Future
 
-from nbhelpers.launch.engine_core import (DistributedError, DistributedTimeoutError, LocalExecutionTimeoutError,
-                                          RankResults, accelerator_shape, check_count, import_ray)
-from nbhelpers.launch.payload import pickle_call
+from nbhelpers.launch import local_engine
+from nbhelpers.launch.databricks import (DEFAULT_TIMEOUT_S, UNSET, accelerator_shape, one_of, overridden,
+                                         positional_num_accelerators, say_what_pools_mean_here)
+from nbhelpers.launch.errors import (DistributedError, DistributedTimeoutError, LocalExecutionTimeoutError,
+                                     import_ray)
+from nbhelpers.launch.gpus import check_count, check_this_host
+from nbhelpers.launch.payload import RankResults, pickle_call
 
 __all__ = ["distributed", "DistributedError", "DistributedTimeoutError", "LocalExecutionTimeoutError",
            "DistributedFunction", "DistributedRun"]
 
-DEFAULT_TIMEOUT_S = 10800  # databricks.air's: 3 hours
-
 _OUTPUT_MODES = ("all", "rank0")
 _ENGINES = ("local", "ray")
-_POOL_VARIABLES = ("DATABRICKS_USE_RESERVED_GPU_POOL", "DATABRICKS_REMOTE_GPU_POOL_ID")
 _run_numbers = itertools.count(1)
 
 
@@ -92,17 +94,14 @@ def distributed(fn=None, accelerator_type: str | None = None, remote: bool = Fal
         process is attached to; `gpus` then counts the ranks of all nodes together (default: every GPU
         of the cluster). See nbhelpers.launch.ray_engine.
     """
-    if fn is not None and not callable(fn):  # databricks.air's positional num_accelerators: @distributed(8, ...)
-        if num_accelerators is not None:
-            raise TypeError(f"distributed() got num_accelerators twice: {fn!r} (first, positional) and {num_accelerators!r}")
-        fn, num_accelerators = None, fn
+    fn, num_accelerators = positional_num_accelerators(fn, num_accelerators)  # databricks.air's @distributed(8, ...)
     settings = dict(gpus=gpus, gpu_type=gpu_type, remote=remote, num_accelerators=num_accelerators,
                     accelerator_type=accelerator_type, timeout=timeout, output=output, stall_timeout=stall_timeout,
                     max_restarts=max_restarts, engine=engine)
-    gpus = _one_of("gpus", gpus, "num_accelerators", num_accelerators)
+    gpus = one_of("gpus", gpus, "num_accelerators", num_accelerators)
     if accelerator_type is not None:
         accelerator_shape(accelerator_type)  # a value that is no node shape is refused here, engine or not
-    gpu_type = _one_of("gpu_type", gpu_type, "accelerator_type", accelerator_type)
+    gpu_type = one_of("gpu_type", gpu_type, "accelerator_type", accelerator_type)
     if output not in _OUTPUT_MODES:
         raise ValueError(f"output must be one of {_OUTPUT_MODES}, got {output!r}")
     if stall_timeout is not None and stall_timeout <= 0:
@@ -115,47 +114,19 @@ def distributed(fn=None, accelerator_type: str | None = None, remote: bool = Fal
     if engine == "ray" and timeout is not None and timeout != DEFAULT_TIMEOUT_S:
         warnings.warn(f"timeout={timeout!r} applies to local runs only (remote=False): the ranks on the Ray cluster "
                       "run without it (stall_timeout still applies there).", UserWarning, stacklevel=2)
-    _say_what_pools_mean_here()
-    if gpus is not None:
-        # A bad count fails at decoration, long before a launch (the cluster's GPUs are counted at launch).
+    say_what_pools_mean_here()
+    if gpus is not None:  # a bad count fails at decoration, long before a launch (a cluster's GPUs: at launch)
         gpus = check_count(gpus, "gpus" if num_accelerators is None else "num_accelerators")
-        if engine == "local":
-            from nbhelpers.launch import local_engine
-
-            local_engine.world_size(gpus)
     if engine == "local":
-        from nbhelpers.launch import local_engine
-
-        if accelerator_type is not None:
-            local_engine.check_node_shape(accelerator_type)
-        else:
-            local_engine.check_gpu_type(gpu_type)
+        check_this_host(gpus, gpu_type, accelerator_type)
 
     def decorate(f):
         if engine == "local":
-            from nbhelpers.launch import local_engine
-
             local_engine.warm_up(f)
         return DistributedFunction(f, gpus=gpus, gpu_type=gpu_type, output=output, stall_timeout=stall_timeout,
                                    engine=engine, max_restarts=max_restarts, timeout=timeout, settings=settings)
 
     return decorate(fn) if fn is not None else decorate
-
-
-_UNSET = object()  # with_overrides: an argument not given
-_NONE_KEEPS = ("num_accelerators", "accelerator_type", "remote", "gpus", "gpu_type")  # as databricks.air's with_overrides
-_SYNONYMS = {"gpus": "num_accelerators", "num_accelerators": "gpus", "gpu_type": "accelerator_type",
-             "accelerator_type": "gpu_type"}
-
-
-def _one_of(name, value, synonym, synonym_value):
-    """serverless_gpu's name or databricks.air's for the same setting: either one, or both if they agree."""
-    if synonym_value is None:
-        return value
-    if value is not None and value != synonym_value:
-        raise ValueError(f"{name}={value!r} and {synonym}={synonym_value!r} name the same setting "
-                         f"(serverless_gpu's and databricks.air's spelling) with different values: pass one of them")
-    return synonym_value
 
 
 def _engine(engine, remote) -> str:
@@ -167,13 +138,6 @@ def _engine(engine, remote) -> str:
     if remote:
         _check_ray_reachable()
     return engine or ("ray" if remote else "local")
-
-
-def _say_what_pools_mean_here() -> None:
-    set_here = [name for name in _POOL_VARIABLES if os.environ.get(name)]
-    if set_here:
-        print(f"@distributed: {', '.join(set_here)} ignored: GPU pools are Databricks provisioning; here the ranks "
-              "run on the GPUs this machine (or the attached Ray cluster) has.", file=sys.stderr)
 
 
 def _check_ray_reachable() -> None:
@@ -207,12 +171,10 @@ class DistributedFunction:
         self.max_restarts = max_restarts
 
     def __call__(self, *args, **kwargs):
-        from nbhelpers.launch import local_engine
-
         with local_engine.single_process_environment():
             return self.fn(*args, **kwargs)
 
-    def with_overrides(self, num_accelerators=_UNSET, accelerator_type=_UNSET, remote=_UNSET, timeout=_UNSET,
+    def with_overrides(self, num_accelerators=UNSET, accelerator_type=UNSET, remote=UNSET, timeout=UNSET,
                        **others) -> DistributedFunction:
         """A new decorated function: this one's decorator arguments with the given ones changed, checked as the
         decorator checks them; this one is unchanged. databricks.air's: num_accelerators, accelerator_type, remote
@@ -221,19 +183,9 @@ class DistributedFunction:
 
             fast = train.with_overrides(num_accelerators=1, timeout=600)
         """
-        changes = {k: v for k, v in dict(num_accelerators=num_accelerators, accelerator_type=accelerator_type,
-                                         remote=remote, timeout=timeout, **others).items()
-                   if v is not _UNSET and not (v is None and k in _NONE_KEEPS)}
-        unknown = sorted(set(changes) - set(self.settings))
-        if unknown:
-            raise TypeError(f"with_overrides() got unknown argument(s) {', '.join(unknown)}: it takes "
-                            f"{', '.join(self.settings)}")
-        settings = dict(self.settings)
-        for name, value in changes.items():
-            if name in _SYNONYMS and _SYNONYMS[name] not in changes:
-                settings[_SYNONYMS[name]] = None  # the other spelling's old value would contradict the new one
-            settings[name] = value
-        return distributed(self.fn, **settings)
+        given = dict(num_accelerators=num_accelerators, accelerator_type=accelerator_type, remote=remote,
+                     timeout=timeout, **others)
+        return distributed(self.fn, **overridden(self.settings, given))
 
     def distributed(self, *args, **kwargs) -> RankResults:
         """Run on every rank; return the ranks' results in rank order (tensors on the CPU), with the
@@ -297,11 +249,10 @@ class DistributedFunction:
         options = dict(gpus=self.gpus, output=self.output, stall_timeout=self.stall_timeout, label=label, cancel=cancel,
                        mlflow_run_id=mlflow_run_id, restart=restart, max_restarts=self.max_restarts)
         if self.engine == "ray":
-            from nbhelpers.launch import ray_engine
+            from nbhelpers.launch import ray_engine  # not before a Ray launch: `import nbhelpers` loads nothing of Ray
 
             return ray_engine.run(self.__name__, payload, gpu_type=self.gpu_type, **options)
-        from nbhelpers.launch import local_engine  # (gpu_type was checked at decoration)
-
+        # (gpu_type was checked at decoration)
         return local_engine.run(self.__name__, payload, timeout=self.timeout, deadline=deadline, **options)
 
 

@@ -10,12 +10,12 @@ a free MASTER_PORT; everything listens on loopback only), its own process group,
 stdout and stderr, which this process prints into the running cell, prefixed `[rank N]`. On the first
 failure every rank is stopped (SIGTERM, then SIGKILL, whole process groups; a second interrupt does not
 cut that short) and one `DistributedError` names the rank whose failure came first and carries its
-traceback. `stall_timeout` watches each rank on its own (nbhelpers.launch.engine_core.ProgressWatch): its output, and
+traceback. `stall_timeout` watches each rank on its own (nbhelpers.launch.stalls.ProgressWatch): its output, and
 snapshots of its Python stack sent through a pipe every quarter of the timeout. `timeout` is the launch's
 wall-clock limit (databricks.air's): past it, every rank's process tree is stopped and a DistributedTimeoutError
 says the limit and how to change it. A launch writes no file of its own (its ranks' step times, for the report of
 which rank held the others back, go into memory it reads when it ends: nbhelpers.launch.stragglers); when an MLflow
-run is active, each rank's output goes to it as the artifact logs/rank_N.txt (engine_core.save_rank_logs).
+run is active, each rank's output goes to it as the artifact logs/rank_N.txt (nbhelpers.launch.output.save_rank_logs).
 Ranks die with this process if it dies, and when a launch ends whatever still refers to it.
 With GPUs, a launch first leases its GPUs host-wide (nbhelpers.launch.gpu_lease), so launches running at once
 (`distributed_async`) get disjoint GPUs; while it runs, nbhelpers.launch.system_metrics samples its ranks.
@@ -31,24 +31,23 @@ from multiprocessing import forkserver
 import selectors
 import signal
 import socket
-import subprocess
 import sys
 import sysconfig
 import threading
 import time
 import types
 
-from nbhelpers.launch.engine_core import (DEFAULT_CPU_PROCESSES, DistributedError, Printers, ProgressWatch,
-                                          RankResults, accelerator_shape, cancelled, check_count, failure_error,
-                                          free_port, gpu_type_matches, interrupted, later_failures_text,
-                                          launch_processes, lost_its_peer, main_thread_stack, save_rank_logs,
-                                          stall_error, stop_processes, timeout_error, torchrun_environment)
+from nbhelpers.launch.errors import (DistributedError, cancelled, ended_without_result, failure_error, how_it_ended,
+                                     interrupted, later_failures_text, lost_its_peer, timeout_error)
 from nbhelpers.launch.gpu_lease import GpuLease, LeaseCancelled
-from nbhelpers.launch.payload import read_outcome
+from nbhelpers.launch.gpus import any_gpu_visible, cpu_threads_per_rank, visible_gpus, world_size
+from nbhelpers.launch.output import Printers, save_rank_logs
+from nbhelpers.launch.payload import RankResults, read_outcome
+from nbhelpers.launch.processes import free_port, launch_processes, stop_processes, torchrun_environment
+from nbhelpers.launch.stalls import ProgressWatch, main_thread_stack, stall_error
 from nbhelpers.launch.stragglers import LaunchStepTimes
 from nbhelpers.launch.system_metrics import RankSampler
 
-CPU_RANKS_PER_CORE = 2  # without GPUs: more ranks than this per core only time-slice the cores
 TERMINATE_GRACE_S = 2.0  # between SIGTERM and SIGKILL
 BLAME_WINDOW_S = 0.5  # after a first failure: how long to listen for the failure that caused it
 # ... and where every failure so far is a collective that lost its peer: how long to wait for that peer to be seen ending
@@ -71,10 +70,10 @@ def run(name: str, payload: bytes, *, gpus: int | None, output: str, stall_timeo
     where the ranks' system metrics and logs go. restart, max_restarts: which attempt this is, of how many more allowed
     (the ranks see them as torchrun's TORCHELASTIC_RESTART_COUNT and TORCHELASTIC_MAX_RESTARTS). timeout, deadline:
     the call's wall-clock limit in seconds and the time.monotonic() at which it passes (None: no limit); past it
-    every rank is stopped (engine_core.DistributedTimeoutError).
+    every rank is stopped (nbhelpers.launch.errors.DistributedTimeoutError).
     """
     ranks = world_size(gpus)
-    visible = _visible_gpus()
+    visible = visible_gpus()
     lease = GpuLease(visible, ranks, holder=label or name, cancel=cancel) if visible else contextlib.nullcontext([])
     try:
         with lease as leased:
@@ -82,39 +81,6 @@ def run(name: str, payload: bytes, *, gpus: int | None, output: str, stall_timeo
                                 (restart, max_restarts), (timeout, deadline)).run()
     except LeaseCancelled as exc:
         raise CancelledError(str(exc)) from None
-
-
-def check_gpu_type(gpu_type: str | None, setting: str = "gpu_type") -> list[str]:
-    """gpu_type (serverless_gpu's "H100", "A10", ...) against the visible GPUs: an error naming both when
-    they differ; without GPUs one line saying it is ignored. The visible GPUs' names ([] where none is)."""
-    if gpu_type is None:
-        return []
-    visible = _visible_gpus()
-    if not visible:
-        print(f"@distributed: {setting}={gpu_type!r} ignored: no GPU is visible here, so the ranks run as CPU "
-              "processes (gloo).", file=sys.stderr)
-        return []
-    names = _gpu_names(visible)
-    if not all(gpu_type_matches(gpu_type, n) for n in names):
-        here = ", ".join(f"{n} ({names.count(n)}x)" for n in dict.fromkeys(names))
-        raise ValueError(
-            f"{setting}={gpu_type!r} but the GPUs visible here are {here}. Ask for the GPUs this machine has "
-            f"(e.g. gpu_type={names[0].split()[-1]!r}), or leave {setting} out to take whatever is visible."
-        )
-    return names
-
-
-def check_node_shape(accelerator_type) -> None:
-    """databricks.air's accelerator_type ("GPU_8xH100": a node of 8 H100s) against this node, as databricks.air
-    checks a local run: the visible GPUs are of its kind, no more than its count, and not one alone for a shape of
-    several (GPU_1xH100 does not describe a node of 8; GPU_8xH100 not a single GPU). Without GPUs: ignored."""
-    per_node, kind = accelerator_shape(accelerator_type)
-    names = check_gpu_type(accelerator_type, "accelerator_type")
-    if names and (len(names) > per_node or (per_node > 1 and len(names) == 1)):
-        raise ValueError(
-            f"accelerator_type={accelerator_type!r} is a node of {per_node} {kind} GPU(s), but {len(names)} are visible "
-            f"here: leave accelerator_type out in a local run (every visible GPU is used; num_accelerators=N takes "
-            f"fewer), or name this node's shape.")
 
 
 FORK_SERVER_IMPORTS = "NBHELPERS_FORK_SERVER_IMPORTS"  # the modules the fork server imports (read by _worker)
@@ -126,7 +92,7 @@ def warm_up(fn=None) -> None:
     also the installed modules `fn` refers to)."""
     _fork_server_context()
     modules = []
-    if fn is not None and not _visible_gpu_count():
+    if fn is not None and not any_gpu_visible():
         with contextlib.suppress(Exception):  # only a speed-up: an object that cannot be inspected leaves it out
             modules = modules_to_import_once(fn)
     with _FORK_SERVER_START:  # the server's environment names them only while it starts
@@ -167,59 +133,6 @@ def modules_to_import_once(fn) -> list[str]:
         return module.startswith("nbhelpers.") or path.startswith(installed)
 
     return [module for module in list(sys.modules) if module in found and is_installed(module)]
-
-
-def world_size(gpus) -> int:
-    """How many ranks `gpus` means on this host; a count it cannot hold is refused here, with advice."""
-    visible = _visible_gpu_count()
-    if gpus is None:
-        return visible or DEFAULT_CPU_PROCESSES
-    gpus = check_count(gpus)
-    if visible and gpus > visible:
-        raise ValueError(
-            f"gpus={gpus} but only {visible} GPU(s) are visible to this process "
-            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}). "
-            f"Ask for at most {visible}, or leave gpus unset to use every visible GPU."
-        )
-    cores = _usable_cores()
-    if not visible and gpus > CPU_RANKS_PER_CORE * cores:
-        raise ValueError(
-            f"gpus={gpus} but no GPU is visible, so every rank would be a CPU process, and this machine has "
-            f"{cores} CPU core(s): at most {CPU_RANKS_PER_CORE * cores} CPU ranks ({CPU_RANKS_PER_CORE} per core) "
-            f"are allowed. Ask for at most {CPU_RANKS_PER_CORE * cores}, or run where GPUs are visible."
-        )
-    return gpus
-
-
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))  # the cores this process may run on (taskset, cgroup cpusets)
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-def _visible_gpu_count() -> int:
-    import torch
-
-    return torch.cuda.device_count()  # asks NVML: does not initialise CUDA in this process
-
-
-def _visible_gpus() -> list[str]:
-    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (indices when it is unset)."""
-    count = _visible_gpu_count()
-    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if listed is None:
-        return [str(i) for i in range(count)]
-    return [g.strip() for g in listed.split(",") if g.strip()][:count]
-
-
-def _gpu_names(gpus: list[str]) -> list[str]:
-    """The product names of these GPUs (indices or UUIDs), from nvidia-smi: no CUDA context in this process."""
-    query = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid,name", "--format=csv,noheader"],
-                           capture_output=True, text=True, timeout=60, check=True).stdout
-    rows = [[field.strip() for field in line.split(",", 2)] for line in query.splitlines() if line.strip()]
-    return [next(name for index, uuid, name in rows if gpu in (index, uuid) or (not gpu.isdigit() and uuid.startswith(gpu)))
-            for gpu in gpus]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -409,7 +322,7 @@ class _LocalLaunch:
             try:
                 # CPU threads per rank (OMP_NUM_THREADS, unless set): the cores shared by the ranks running now;
                 # one in the background, where more launches are to come (as torchrun gives several ranks)
-                threads = 1 if self.label else max(1, _usable_cores() // running)
+                threads = 1 if self.label else cpu_threads_per_rank(running)
                 self._start(ctx, threads)
                 sampler = self._started_sampler()  # None until it runs: the stop below joins only a started one
                 failure = self._supervise()
@@ -608,22 +521,9 @@ class _LocalLaunch:
             return failure_error(r.outcome, rank=r.rank, world_size=self.world_size, name=self.name, context=after,
                                  later_failures=later)
         r.process.join(10)  # the fork server reports the exit status (late, on a loaded machine)
-        code = r.process.exitcode
-        tail = self.printers.tail(r.rank)
-        if code is not None and code < 0:
-            name = signal.Signals(-code).name
-            hint = " (the kernel's out-of-memory killer sends SIGKILL: check host memory)" if name == "SIGKILL" else ""
-            return DistributedError(
-                f"rank {r.rank} of {self.world_size} was killed by signal {name}{hint}.\n{after}"
-                f"The other ranks were stopped. Last output of rank {r.rank}:\n{tail}",
-                rank=r.rank, exitcode=code, signal_name=name, later_failures=later,
-            )
-        return DistributedError(
-            f"rank {r.rank} of {self.world_size} exited with code {code} without returning from "
-            f"{self.name}() (sys.exit or os._exit inside the function?).\n{after}The other ranks were stopped. "
-            f"Last output of rank {r.rank}:\n{tail}",
-            rank=r.rank, exitcode=code, later_failures=later,
-        )
+        return ended_without_result(rank=r.rank, world_size=self.world_size, name=self.name,
+                                    exitcode=r.process.exitcode, context=after, last_output=self.printers.tail(r.rank),
+                                    later_failures=later)
 
     @staticmethod
     def _summary(r) -> str:
@@ -631,10 +531,7 @@ class _LocalLaunch:
         if r.outcome is not None:
             return r.outcome.summary or "(no message)"
         r.process.join(0.5)
-        code = r.process.exitcode
-        if code is not None and code < 0:
-            return f"killed by signal {signal.Signals(-code).name}"
-        return f"exited with code {code} without returning"
+        return how_it_ended(r.process.exitcode)
 
     def _timed_out(self) -> DistributedError:
         """The launch's wall-clock limit has passed: what the ranks said last (the stop follows in run())."""

@@ -6,6 +6,7 @@
   pickled on their own), or its failure with the traceback and when it happened.
 - The notebook reads it with `read_outcome(message, rank)`. A return value this process cannot load (its class
   lives in a module only the rank imports) becomes a failure that says so and what to do.
+- A launch returns its ranks' values in rank order as `RankResults`, with what it measured of them.
 
 Nothing here imports torch at import time, nor any other module of nbhelpers.
 """
@@ -158,3 +159,15 @@ def to_cpu(obj):
     if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
         return type(obj)(to_cpu(v) for v in obj)
     return obj
+
+
+class RankResults(list):
+    """The ranks' return values in rank order, and `system_metrics`: what the launch measured of them
+    (nbhelpers.launch.system_metrics' summary, one value per rank; None where the engine does not sample);
+    `step_times`: the ranks' medians of their data wait, forward pass and step, and which rank held the others back
+    and why (nbhelpers.launch.stragglers.launch_figures; None where no rank recorded its steps)."""
+
+    def __init__(self, values, system_metrics: dict | None = None, step_times: dict | None = None):
+        super().__init__(values)
+        self.system_metrics = system_metrics
+        self.step_times = step_times

@@ -10,7 +10,7 @@
         ...
     results = train.distributed(lr=1e-3)        # one result per rank, in rank order
 
-The contract is the local engine's (nbhelpers.launch.engine_core, nbhelpers.launch.payload), carried out by Ray:
+The contract is the local engine's (the same errors, output, stalls, environment and payload), carried out by Ray:
 - One placement group reserves every rank's bundle at once ({"GPU": 1, "CPU": 1}, or {"CPU": 1} on a
   cluster without GPUs), packed onto as few nodes as possible; the ranks are Ray actors in its bundles.
   Nothing starts until all bundles are reserved (gang scheduling).
@@ -44,13 +44,14 @@ import sys
 import threading
 import time
 import traceback
-from concurrent.futures import CancelledError
 
-from nbhelpers.launch.engine_core import (DEFAULT_CPU_PROCESSES, DistributedError, Printers, ProgressWatch,
-                                          RankResults, cancelled, failure_error, free_port, gpu_type_matches,
-                                          import_ray, later_failures_text, lost_its_peer, main_thread_stack,
-                                          stall_error, stop_launch_processes, torchrun_environment)
-from nbhelpers.launch.payload import read_outcome, run_call
+from nbhelpers.launch.errors import (DistributedError, cancelled, failure_error, import_ray, later_failures_text,
+                                     lost_its_peer)
+from nbhelpers.launch.gpus import cluster_gpu_resource, cluster_world_size
+from nbhelpers.launch.output import Printers
+from nbhelpers.launch.payload import RankResults, read_outcome, run_call
+from nbhelpers.launch.processes import free_port, stop_launch_processes, torchrun_environment
+from nbhelpers.launch.stalls import ProgressWatch, main_thread_stack, stall_error
 
 PLACEMENT_TIMEOUT_S = 120.0  # to reserve every rank's bundle before giving up
 START_TIMEOUT_S = 120.0  # then to start the rank actors (a Python process each) and hear from them
@@ -77,49 +78,12 @@ def run(name: str, payload: bytes, *, gpus: int | None, output: str, stall_timeo
             'attached to none: call ray.init(address="auto") (or address="HEAD_IP:6379"; plain ray.init() '
             "starts a one-machine Ray) before the launch."
         )
-    use_gpu, world_size = _cluster_world_size(gpus)
+    resources = ray.cluster_resources()
+    use_gpu, world_size = cluster_world_size(gpus, resources)
     bundle = {"GPU": 1, "CPU": 1} if use_gpu else {"CPU": 1}
-    bundle.update(_accelerator_resource(gpu_type, use_gpu))
+    bundle.update(cluster_gpu_resource(gpu_type, use_gpu, resources))
     return RankResults(_RayLaunch(name, payload, world_size, bundle, output, stall_timeout, label, cancel,
                                   (restart, max_restarts)).run())
-
-
-def _accelerator_resource(gpu_type: str | None, use_gpu: bool) -> dict:
-    """The bundle resource that puts ranks on nodes whose GPUs are `gpu_type` (Ray labels nodes
-    `accelerator_type:H100` and so on); an error naming both when the cluster has none of them."""
-    import ray
-
-    if gpu_type is None:
-        return {}
-    if not use_gpu:
-        print(f"@distributed: gpu_type={gpu_type!r} ignored: the Ray cluster has no GPU, so the ranks run as "
-              "CPU processes (gloo).", file=sys.stderr)
-        return {}
-    types = [k.split(":", 1)[1] for k in ray.cluster_resources() if k.startswith("accelerator_type:")]
-    matching = [t for t in types if gpu_type_matches(gpu_type, t)]
-    if not matching:
-        raise ValueError(f"gpu_type={gpu_type!r} but the Ray cluster's GPUs are {', '.join(types) or 'of no known type'}. "
-                         "Ask for one of those, or leave gpu_type out to take any GPU of the cluster.")
-    return {f"accelerator_type:{matching[0]}": 0.001}
-
-
-def _cluster_world_size(gpus) -> tuple[bool, int]:
-    """(use GPUs?, number of ranks) on this cluster; a count it cannot hold is refused here."""
-    import ray
-
-    total = ray.cluster_resources()
-    cluster_gpus, cluster_cpus = int(total.get("GPU", 0)), int(total.get("CPU", 0))
-    if cluster_gpus:
-        world_size = cluster_gpus if gpus is None else gpus
-        if world_size > cluster_gpus:
-            raise ValueError(f"gpus={gpus} but the Ray cluster has {cluster_gpus} GPU(s) in all. Ask for at "
-                             f"most {cluster_gpus}, or leave gpus unset to use every GPU of the cluster.")
-        return True, world_size
-    world_size = DEFAULT_CPU_PROCESSES if gpus is None else gpus
-    if world_size > cluster_cpus:
-        raise ValueError(f"gpus={gpus}: the Ray cluster has no GPU, and {cluster_cpus} CPU(s) in all for "
-                         f"{world_size} CPU ranks of one CPU each. Ask for at most {cluster_cpus}.")
-    return False, world_size
 
 
 # ---------------------------------------------------------------------------------------------------

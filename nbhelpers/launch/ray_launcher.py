@@ -22,7 +22,10 @@ import functools
 import os
 import sys
 
-from nbhelpers.launch.engine_core import check_count, gpu_type_matches, import_ray
+from nbhelpers.launch.databricks import one_of, say_what_pools_mean_here
+from nbhelpers.launch.errors import import_ray
+from nbhelpers.launch.gpu_lease import GpuLease
+from nbhelpers.launch.gpus import check_count, check_driver_cluster, check_gpu_type, visible_gpus, world_size
 
 __all__ = ["ray_launch"]
 
@@ -34,13 +37,11 @@ def ray_launch(fn=None, *, gpus: int | None = None, gpu_type=None, remote: bool 
 
     Ray is imported when it runs: it needs the cookbook's `ray` extra (`pip install ".[ray]"`), and says so without it.
     """
-    from nbhelpers.launch.launcher import _one_of, _say_what_pools_mean_here
-
-    gpus = _one_of("gpus", gpus, "num_accelerators", num_accelerators)
-    gpu_type = _one_of("gpu_type", gpu_type, "accelerator_type", accelerator_type)
+    gpus = one_of("gpus", gpus, "num_accelerators", num_accelerators)
+    gpu_type = one_of("gpu_type", gpu_type, "accelerator_type", accelerator_type)
     if gpus is not None:
         check_count(gpus)
-    _say_what_pools_mean_here()
+    say_what_pools_mean_here()
 
     def decorate(f):
         return RayLaunchFunction(f, gpus=gpus, gpu_type=gpu_type, remote=remote)
@@ -68,7 +69,7 @@ class RayLaunchFunction:
                         'attached to, and it is attached to none. Call ray.init(address="HEAD_IP:6379") (or set '
                         "RAY_ADDRESS) first, or use remote=False to start a Ray on this machine's GPUs.")
                 ray.init()
-            self._check_cluster(ray)
+            check_driver_cluster(ray.cluster_resources(), self.gpus, self.gpu_type, self.__name__)
             return self.fn(*args, **kwargs)
         if ray.is_initialized():
             raise RuntimeError(
@@ -77,31 +78,11 @@ class RayLaunchFunction:
         with self._local_ray(ray):
             return self.fn(*args, **kwargs)
 
-    def _check_cluster(self, ray) -> None:
-        resources = ray.cluster_resources()
-        have = int(resources.get("GPU", 0))
-        if not have:
-            print(f"@ray_launch: the attached Ray cluster has no GPU, so gpus={self.gpus} and gpu_type={self.gpu_type!r} "
-                  f"are ignored: {self.__name__}() drives a cluster of {resources.get('CPU', 0):.0f} CPU(s).",
-                  file=sys.stderr)
-            return
-        if self.gpus is not None and have < self.gpus:
-            raise ValueError(f"@ray_launch(gpus={self.gpus}) but the attached Ray cluster has {have} GPU(s) in all: "
-                             f"ask for at most {have}, or add GPU nodes to the cluster.")
-        if self.gpu_type is not None:
-            types = [k.split(":", 1)[1] for k in resources if k.startswith("accelerator_type:")]
-            if not any(gpu_type_matches(self.gpu_type, t) for t in types):
-                raise ValueError(f"gpu_type={self.gpu_type!r} but the Ray cluster's GPUs are "
-                                 f"{', '.join(types) or 'of no known type'}: ask for one of those, or leave gpu_type out.")
-
     @contextlib.contextmanager
     def _local_ray(self, ray):
-        from nbhelpers.launch import local_engine
-        from nbhelpers.launch.gpu_lease import GpuLease
-
-        count = local_engine.world_size(self.gpus)
-        visible = local_engine._visible_gpus()
-        local_engine.check_gpu_type(self.gpu_type)
+        count = world_size(self.gpus)
+        visible = visible_gpus()
+        check_gpu_type(self.gpu_type)
         lease = GpuLease(visible, count, holder=self.__name__) if visible else contextlib.nullcontext([])
         with lease as leased:
             saved = os.environ.get("CUDA_VISIBLE_DEVICES")

@@ -171,7 +171,7 @@ def simulate_gpus(value: str) -> None:
         module._visible_gpu_count = lambda: count
         module._gpu_names = lambda gpus: ["simulated GPU"] * len(gpus)
 
-    when_imported("nbhelpers.launch.local_engine", patch)
+    when_imported("nbhelpers.launch.gpus", patch)
 
 
 def simulate_gpu_memory(value: str) -> None:
