@@ -10,8 +10,11 @@ import torch
 from transformers import GptOssConfig, LlamaConfig
 
 import standins
-from nbhelpers.planner.plan import (GIB, NF4_BYTES, OFFLOAD_TECHNIQUES, TECHNIQUES, activation_bytes_per_token,
-                                    build_parser, count_parameters, load_model, plan)
+from nbhelpers.planner.activations import activation_bytes_per_token
+from nbhelpers.planner.command_line import build_parser
+from nbhelpers.planner.parameters import NF4_BYTES, count_parameters, load_model
+from nbhelpers.planner.plan import GIB, plan
+from nbhelpers.planner.techniques import OFFLOAD_TECHNIQUES, TECHNIQUES
 
 REPO = Path(__file__).resolve().parents[1]
 # Written by benchmarks/gpu/planner.sh on the 2x H200 machine; the lead copies them here.

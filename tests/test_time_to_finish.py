@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from nbhelpers.planner import fits
+from nbhelpers.planner.command_line import main
 from nbhelpers.planner.flops import flops_per_token
-from nbhelpers.planner.plan import load_model, main
+from nbhelpers.planner.parameters import load_model
 from nbhelpers.planner.time_to_finish import (TABLE, Measured, Workload, duration, gpu_type, load_table, model_family,
                                               nearest, time_to_finish, tokens_to_train)
 

@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import sys
 
-from nbhelpers.planner.plan import LABELS, checkpointing_words, load_model, plan
+from nbhelpers.planner.parameters import load_model
+from nbhelpers.planner.plan import plan
+from nbhelpers.planner.techniques import LABELS
 from nbhelpers.planner.time_to_finish import time_clause
+from nbhelpers.planner.verdict import checkpointing_words
 
 __all__ = ["WillNotFit", "check_fits", "fit_activations", "visible_gpus"]
 
