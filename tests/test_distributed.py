@@ -28,8 +28,10 @@ import torch.distributed as dist
 import yaml
 
 import nbhelpers
+import nbhelpers.launch.fork_server as fork_server
 import nbhelpers.launch.gpus as gpus
 import nbhelpers.launch.local_engine as local_engine
+import nbhelpers.launch.processes as processes
 from nbhelpers import DistributedError, backend, distributed
 from nbhelpers.launch.gpu_lease import GpuLease
 from launcher_checks import (assert_a_rank_stuck_in_a_collective_is_a_stall, assert_a_stall_names_every_ranks_stack,
@@ -259,7 +261,7 @@ def _uses_a_helper():
 
 
 def test_the_modules_to_import_once_are_those_of_installed_packages_in_import_order():
-    modules = local_engine.modules_to_import_once(_uses_a_helper)
+    modules = fork_server.modules_to_import_once(_uses_a_helper)
     assert modules == sorted(modules, key=list(sys.modules).index)  # unsloth, say, before transformers
     assert {"numpy", "torch", "psutil", "yaml"} <= set(modules), modules  # also through the function it calls
     assert "json" not in modules and __name__ not in modules  # the standard library; this file (it travels by value)
@@ -892,7 +894,7 @@ def test_an_interrupt_arriving_as_the_stop_starts_ignoring_them_leaves_the_handl
     try:
         monkeypatch.setattr(signal, "signal", set_then_interrupted)
         with pytest.raises(KeyboardInterrupt):
-            with local_engine._interrupts_ignored():
+            with processes._interrupts_ignored():
                 pass
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
@@ -922,7 +924,7 @@ def test_an_interrupt_during_the_start_is_a_keyboard_interrupt_and_leaves_nothin
     if where == "picking the port":
         monkeypatch.setattr(local_engine, "free_port", _interrupt)
     elif where == "starting rank 1":
-        monkeypatch.setattr(local_engine, "_main_module_not_rerun", _InterruptOnSecondEntry())
+        monkeypatch.setattr(fork_server, "_main_module_not_rerun", _InterruptOnSecondEntry())
     else:
         monkeypatch.setattr(local_engine.RankSampler, "start", _interrupt)
     with pytest.raises(KeyboardInterrupt):

@@ -4,12 +4,14 @@ A file answers one question:
 - launcher.py        `@distributed`, the decorator (`from nbhelpers import distributed`): its checks, restarts
 - databricks.py      Databricks' spellings: num_accelerators, accelerator_type shapes, with_overrides, timeout
 - gpus.py            how many ranks, on which GPUs: every check of `gpus` and `gpu_type`, on this host or a Ray cluster
-- local_engine.py    the ranks as processes on this host, forked from a clean server (_worker.py runs in each)
+- local_engine.py    the ranks as processes on this host: the launch loop (start, watch, blame, stop), top to bottom
+- fork_server.py     the clean server every local rank is forked from (torch imported, CUDA untouched); a rank's setup
 - ray_engine.py      the ranks as actors on the nodes of a Ray cluster (`engine="ray"`, `remote=True`)
 - errors.py          how a launch fails, in words: DistributedError and its texts (the rank, how it ended, its peers)
 - output.py          what the ranks say: their output in the cell, `[rank N]`, and their logs (MLflow logs/rank_N)
 - stalls.py          when a rank counts as stalled, and the report with every rank's Python stack
-- processes.py       the torchrun environment, the rendezvous port, and stopping every process of a launch
+- processes.py       the torchrun environment (a plain call's too), the rendezvous port on loopback, stopping every
+                     process of a launch
 - payload.py         what travels to a rank (the call, by value) and back (its Outcome; the launch's RankResults)
 - gpu_lease.py       host-wide GPU leases: launches running at once get disjoint GPUs
 - system_metrics.py  CPU, memory and GPU use of the ranks while they run (GPU clocks and temperature too)

@@ -34,13 +34,14 @@ import time
 import warnings
 from concurrent.futures import CancelledError, Future
 
-from nbhelpers.launch import local_engine
+from nbhelpers.launch import fork_server, local_engine
 from nbhelpers.launch.databricks import (DEFAULT_TIMEOUT_S, UNSET, accelerator_shape, one_of, overridden,
                                          positional_num_accelerators, say_what_pools_mean_here)
 from nbhelpers.launch.errors import (DistributedError, DistributedTimeoutError, LocalExecutionTimeoutError,
                                      import_ray)
 from nbhelpers.launch.gpus import check_count, check_this_host
 from nbhelpers.launch.payload import RankResults, pickle_call
+from nbhelpers.launch.processes import single_process_environment
 
 __all__ = ["distributed", "DistributedError", "DistributedTimeoutError", "LocalExecutionTimeoutError",
            "DistributedFunction", "DistributedRun"]
@@ -122,7 +123,7 @@ def distributed(fn=None, accelerator_type: str | None = None, remote: bool = Fal
 
     def decorate(f):
         if engine == "local":
-            local_engine.warm_up(f)
+            fork_server.warm_up(f)  # it imports torch while the notebook goes on
         return DistributedFunction(f, gpus=gpus, gpu_type=gpu_type, output=output, stall_timeout=stall_timeout,
                                    engine=engine, max_restarts=max_restarts, timeout=timeout, settings=settings)
 
@@ -171,7 +172,7 @@ class DistributedFunction:
         self.max_restarts = max_restarts
 
     def __call__(self, *args, **kwargs):
-        with local_engine.single_process_environment():
+        with single_process_environment():
             return self.fn(*args, **kwargs)
 
     def with_overrides(self, num_accelerators=UNSET, accelerator_type=UNSET, remote=UNSET, timeout=UNSET,

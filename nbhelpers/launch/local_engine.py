@@ -1,49 +1,46 @@
 """The local engine of `@distributed`: the ranks are processes on this host, one per GPU (or CPU process).
 
-How it works. Ranks are forked from a server process that imported torch but never touched CUDA
-(`multiprocessing`'s forkserver), never from the notebook's process, so a launch works after CUDA was
-used in the notebook and a repeated launch costs a fork, not a Python start. Without GPUs the server also
-imports the installed modules the function refers to (trl, peft, ...: seconds each), once, instead of every
-rank importing them; with GPUs it does not, as a library may touch CUDA as it is imported. The call travels
-by value (nbhelpers.launch.payload.pickle_call). Each rank gets the torchrun environment (MASTER_ADDR=127.0.0.1,
-a free MASTER_PORT; everything listens on loopback only), its own process group, and pipes for its
-stdout and stderr, which this process prints into the running cell, prefixed `[rank N]`. On the first
-failure every rank is stopped (SIGTERM, then SIGKILL, whole process groups; a second interrupt does not
-cut that short) and one `DistributedError` names the rank whose failure came first and carries its
-traceback. `stall_timeout` watches each rank on its own (nbhelpers.launch.stalls.ProgressWatch): its output, and
-snapshots of its Python stack sent through a pipe every quarter of the timeout. `timeout` is the launch's
-wall-clock limit (databricks.air's): past it, every rank's process tree is stopped and a DistributedTimeoutError
-says the limit and how to change it. A launch writes no file of its own (its ranks' step times, for the report of
-which rank held the others back, go into memory it reads when it ends: nbhelpers.launch.stragglers); when an MLflow
-run is active, each rank's output goes to it as the artifact logs/rank_N.txt (nbhelpers.launch.output.save_rank_logs).
-Ranks die with this process if it dies, and when a launch ends whatever still refers to it.
-With GPUs, a launch first leases its GPUs host-wide (nbhelpers.launch.gpu_lease), so launches running at once
-(`distributed_async`) get disjoint GPUs; while it runs, nbhelpers.launch.system_metrics samples its ranks.
-What runs inside a rank is nbhelpers.launch._worker.
+A launch, top to bottom (`run`, then _LocalLaunch):
+1. With GPUs, it leases its GPUs host-wide (nbhelpers.launch.gpu_lease), so launches running at once
+   (`distributed_async`) get disjoint GPUs; its ranks see only those.
+2. _start: each rank is forked from the fork server (nbhelpers.launch.fork_server: never from the notebook's process,
+   so a launch works after CUDA was used here) with the torchrun environment (MASTER_ADDR=127.0.0.1, a free
+   MASTER_PORT; everything listens on loopback only: nbhelpers.launch.processes), its own process group, and pipes
+   for its stdout, stderr, result, stacks and a lifeline (it dies with this process). The call travels by value
+   (nbhelpers.launch.payload). While the ranks run, nbhelpers.launch.system_metrics samples them.
+3. _supervise: their output is printed into the running cell as it comes, prefixed `[rank N]`
+   (nbhelpers.launch.output). `stall_timeout` watches each rank on its own (nbhelpers.launch.stalls): its output,
+   and snapshots of its Python stack sent through a pipe every quarter of the timeout. `timeout` is the launch's
+   wall-clock limit (databricks.air's).
+4. On the first failure, _blame names the rank whose failure came first, not a peer whose collective broke because
+   it went away (a rank's end is seen through its pidfd at once; PEER_WAIT_S), and one DistributedError carries its
+   traceback (nbhelpers.launch.errors); a stall's error shows every rank's stack, a timeout's the limit and how to
+   change it.
+5. _stop_all, after any end (returned, failed, stalled, timed out, interrupted): every rank's process tree is stopped
+   (SIGTERM, then SIGKILL; a second interrupt does not cut that short), and whatever still refers to the launch.
+6. When an MLflow run is active, each rank's output goes to it as logs/rank_N.txt; then the one line that names the
+   rank that held the others back, if one did (its step times went into memory the launch reads at its end:
+   nbhelpers.launch.stragglers). A launch writes no file of its own.
 """
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import os
-from concurrent.futures import CancelledError
-from multiprocessing import forkserver
 import selectors
 import signal
-import socket
-import sys
-import sysconfig
 import threading
 import time
-import types
+from concurrent.futures import CancelledError
 
+from nbhelpers.launch import fork_server
 from nbhelpers.launch.errors import (DistributedError, cancelled, ended_without_result, failure_error, how_it_ended,
                                      interrupted, later_failures_text, lost_its_peer, timeout_error)
 from nbhelpers.launch.gpu_lease import GpuLease, LeaseCancelled
-from nbhelpers.launch.gpus import any_gpu_visible, cpu_threads_per_rank, visible_gpus, world_size
+from nbhelpers.launch.gpus import cpu_threads_per_rank, visible_gpus, world_size
 from nbhelpers.launch.output import Printers, save_rank_logs
 from nbhelpers.launch.payload import RankResults, read_outcome
-from nbhelpers.launch.processes import free_port, launch_processes, stop_processes, torchrun_environment
+from nbhelpers.launch.processes import (free_port, loopback_environment, stop_despite_interrupts, stop_ranks,
+                                        torchrun_environment)
 from nbhelpers.launch.stalls import ProgressWatch, main_thread_stack, stall_error
 from nbhelpers.launch.stragglers import LaunchStepTimes
 from nbhelpers.launch.system_metrics import RankSampler
@@ -81,154 +78,6 @@ def run(name: str, payload: bytes, *, gpus: int | None, output: str, stall_timeo
                                 (restart, max_restarts), (timeout, deadline)).run()
     except LeaseCancelled as exc:
         raise CancelledError(str(exc)) from None
-
-
-FORK_SERVER_IMPORTS = "NBHELPERS_FORK_SERVER_IMPORTS"  # the modules the fork server imports (read by _worker)
-_FORK_SERVER_START = threading.Lock()
-
-
-def warm_up(fn=None) -> None:
-    """Start the fork server now: it imports torch in the background while the notebook goes on (without GPUs,
-    also the installed modules `fn` refers to)."""
-    _fork_server_context()
-    modules = []
-    if fn is not None and not any_gpu_visible():
-        with contextlib.suppress(Exception):  # only a speed-up: an object that cannot be inspected leaves it out
-            modules = modules_to_import_once(fn)
-    with _FORK_SERVER_START:  # the server's environment names them only while it starts
-        os.environ[FORK_SERVER_IMPORTS] = ",".join(modules)
-        try:
-            forkserver.ensure_running()
-        finally:
-            os.environ.pop(FORK_SERVER_IMPORTS, None)
-
-
-def modules_to_import_once(fn) -> list[str]:
-    """The installed modules (site-packages, nbhelpers) of what `fn` refers to, directly or through the functions of
-    its own module it calls: what every rank would import to unpickle and run it. In the order this process imported
-    them (Unsloth, say, must come before transformers)."""
-    installed = tuple(dict.fromkeys(sysconfig.get_paths()[key] for key in ("purelib", "platlib")))
-    found, seen, todo = set(), set(), [fn]
-    while todo:
-        f = todo.pop()
-        if id(f) in seen or not hasattr(f, "__code__"):
-            continue
-        seen.add(id(f))
-        codes = [f.__code__]
-        for code in codes:
-            codes.extend(c for c in code.co_consts if isinstance(c, types.CodeType))  # nested functions' names too
-            for name in code.co_names:
-                value = f.__globals__.get(name)
-                try:
-                    module = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", None)
-                except Exception:  # an object that cannot say: its rank imports what it needs
-                    continue
-                if module == f.__module__:
-                    todo.append(value)
-                elif isinstance(module, str):
-                    found.add(module)
-
-    def is_installed(module):
-        path = getattr(sys.modules.get(module), "__file__", None) or ""
-        return module.startswith("nbhelpers.") or path.startswith(installed)
-
-    return [module for module in list(sys.modules) if module in found and is_installed(module)]
-
-
-# ---------------------------------------------------------------------------------------------------
-# The processes
-
-def _fork_server_context():
-    """The multiprocessing context whose server process preloads torch (and never touches CUDA)."""
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["nbhelpers.launch._worker"])
-    return ctx
-
-
-_MAIN_MODULE_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def _main_module_not_rerun():
-    """Start a rank without multiprocessing re-running the calling script in it.
-
-    multiprocessing re-imports a script's `__main__` in each child (the reason for its
-    `if __name__ == "__main__"` idiom), found through `__main__.__file__` or `__main__.__spec__`. The
-    function travels by value here, so a rank needs none of it: during the start both are hidden (the
-    module itself stays in place, so other threads still pickle its classes). The lock keeps launches
-    from several threads from restoring each other's hidden state. A notebook's `__main__` has neither.
-    """
-    with _MAIN_MODULE_LOCK:
-        main = sys.modules["__main__"]
-        hidden = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
-        main.__dict__.pop("__file__", None)
-        if "__spec__" in hidden:
-            main.__spec__ = None
-        try:
-            yield
-        finally:
-            main.__dict__.update(hidden)
-
-
-def _loopback_interface() -> str:
-    import psutil
-
-    for name, addresses in psutil.net_if_addrs().items():
-        if any(a.family == socket.AF_INET and a.address == "127.0.0.1" for a in addresses):
-            return name
-    return "lo"
-
-
-def _loopback_environment() -> dict:
-    """Gloo and NCCL listen on the interface these name: the loopback one, since all ranks are on this host
-    (rank 0's rendezvous store is kept on loopback by _worker.loopback_rendezvous)."""
-    interface = _loopback_interface()
-    return {"GLOO_SOCKET_IFNAME": interface, "NCCL_SOCKET_IFNAME": interface}
-
-
-@contextlib.contextmanager
-def single_process_environment():
-    """For a plain call: the environment of rank 0 of 1, unless a launcher already set one."""
-    if "RANK" in os.environ:
-        yield
-        return
-    import torch.distributed as dist
-
-    was_initialized = dist.is_available() and dist.is_initialized()
-    from nbhelpers.launch._worker import loopback_rendezvous
-
-    added = torchrun_environment(0, 1, free_port(), run_id=f"local-{os.getpid()}")
-    added.pop("PYTHONUNBUFFERED")
-    added.pop("NBHELPERS_LAUNCH_ID")
-    added.pop("TORCH_DIST_INIT_BARRIER")  # one rank waits for nobody; and the user's own setting stays after the call
-    added.update(_loopback_environment())
-    os.environ.update(added)
-    try:
-        with loopback_rendezvous():
-            yield
-    finally:
-        for key in added:
-            os.environ.pop(key, None)
-        if not was_initialized and dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
-
-
-@contextlib.contextmanager
-def _interrupts_ignored():
-    """While inside: SIGINT (the notebook's interrupt button, Ctrl-C) does nothing. Signal handlers
-    belong to the main thread; in another thread, interrupts do not arrive anyway."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.getsignal(signal.SIGINT)
-    if previous is None:  # a handler installed from C: it could not be put back, and SIGINT would stay ignored after
-        yield  # (ignored, it is inherited by every process started later, which then never sees an interrupt)
-        return
-    try:  # set inside: an interrupt that arrives while it is being set is raised within the try, and undone
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 _RANKS_RUNNING = [0]  # ranks of this process's launches running now, behind the lock
@@ -316,7 +165,7 @@ class _LocalLaunch:
         raise interrupted(self.name, stopped, time.monotonic() - started)  # outside the handler: no "During handling"
 
     def _run(self) -> RankResults:
-        ctx = _fork_server_context()
+        ctx = fork_server.context()
         sampler = None
         with _ranks_running(self.world_size) as running:
             try:
@@ -349,41 +198,37 @@ class _LocalLaunch:
     def _start(self, ctx, threads):
         port = free_port()
         run_id = self.run_id = f"nbhelpers-{os.getpid()}-{port}-{time.time_ns()}"
-        from nbhelpers.launch._worker import run_rank
-
         for rank in range(self.world_size):
-            pipes = [ctx.Pipe(duplex=False) for _ in range(5)]  # (read end, write end) of each
-            (out_r, out_w), (err_r, err_w), (res_r, res_w), (life_r, life_w), (stack_r, stack_w) = pipes
-            environ = dict(os.environ)
-            environ.setdefault("OMP_NUM_THREADS", str(threads))
-            environ.setdefault("MLFLOW_LOGGING_LEVEL", RANK_MLFLOW_LOGGING_LEVEL)
-            environ.update(torchrun_environment(rank, self.world_size, port, run_id, self.restart, self.max_restarts))
-            environ.update(_loopback_environment())
-            environ.update(self.step_times.environment())
-            if self.gpus:
-                environ["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpus)  # the leased ones: cuda:LOCAL_RANK is its own
-            process = ctx.Process(
-                target=run_rank,
-                name=f"{self.name}-rank{rank}",
-                args=(rank, self.payload, environ, os.getcwd(), list(sys.path), int(environ["OMP_NUM_THREADS"]),
-                      out_w, err_w, res_w, life_r, stack_w),
-            )
-            r = _RankProcess(rank, process, out_r, err_r, res_r, life_w, stack_r)
+            environ = self._environment(rank, port, run_id, threads)
+            process, ends, rank_ends = fork_server.new_rank(ctx, rank, f"{self.name}-rank{rank}", self.payload, environ)
+            r = _RankProcess(rank, process, *ends)
             self.ranks.append(r)  # before it starts: an interrupt from here on stops it
-            with _main_module_not_rerun():
-                process.start()
-            for child_end in (out_w, err_w, res_w, life_r, stack_w):
-                child_end.close()
-            self.selector.register(out_r.fileno(), selectors.EVENT_READ, (r, "stdout"))
-            self.selector.register(err_r.fileno(), selectors.EVENT_READ, (r, "stderr"))
-            self.selector.register(res_r.fileno(), selectors.EVENT_READ, (r, "results"))
-            self.selector.register(stack_r.fileno(), selectors.EVENT_READ, (r, "stacks"))
-            self.selector.register(process.sentinel, selectors.EVENT_READ, (r, "exit"))
-            r.exit_fd = _pidfd(process)
-            if r.exit_fd is not None:
-                self.selector.register(r.exit_fd, selectors.EVENT_READ, (r, "exit"))
+            fork_server.start(process, rank_ends)
+            self._watch_rank(r)
         if self.stall_timeout is not None:
             self.watch = ProgressWatch(range(self.world_size), self.stall_timeout)
+
+    def _environment(self, rank, port, run_id, threads) -> dict:
+        environ = dict(os.environ)
+        environ.setdefault("OMP_NUM_THREADS", str(threads))
+        environ.setdefault("MLFLOW_LOGGING_LEVEL", RANK_MLFLOW_LOGGING_LEVEL)
+        environ.update(torchrun_environment(rank, self.world_size, port, run_id, self.restart, self.max_restarts))
+        environ.update(loopback_environment())
+        environ.update(self.step_times.environment())
+        if self.gpus:
+            environ["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpus)  # the leased ones: cuda:LOCAL_RANK is its own
+        return environ
+
+    def _watch_rank(self, r):
+        """Its pipes and its end, in the selector the loop waits on."""
+        self.selector.register(r.stdout.fileno(), selectors.EVENT_READ, (r, "stdout"))
+        self.selector.register(r.stderr.fileno(), selectors.EVENT_READ, (r, "stderr"))
+        self.selector.register(r.results.fileno(), selectors.EVENT_READ, (r, "results"))
+        self.selector.register(r.stacks.fileno(), selectors.EVENT_READ, (r, "stacks"))
+        self.selector.register(r.process.sentinel, selectors.EVENT_READ, (r, "exit"))
+        r.exit_fd = _pidfd(r.process)
+        if r.exit_fd is not None:
+            self.selector.register(r.exit_fd, selectors.EVENT_READ, (r, "exit"))
 
     def _started_sampler(self) -> RankSampler:
         sampler = RankSampler([r.process.pid for r in self.ranks], self.gpus or [None] * self.world_size,
@@ -422,42 +267,53 @@ class _LocalLaunch:
                     next_snapshot = now + self.watch.snapshot_every
                 if self.watch.stalled(now):
                     return self._stalled()
-            wake_at = [t for t in (settle_by, next_snapshot if self.watch else None,
-                                   self.watch.deadline() if self.watch else None, self.deadline) if t is not None]
-            timeout = max(0.0, min(wake_at) - time.monotonic()) if wake_at else None
-            if timeout == float("inf"):
-                timeout = None
-            if self.cancel is not None:
-                timeout = CANCEL_POLL_S if timeout is None else min(timeout, CANCEL_POLL_S)
-            if not self.selector.select(timeout):
+            if not self.selector.select(self._wait(settle_by, next_snapshot)):
                 continue
             # Poll again right after a timestamp: what is not ready now was still alive at `polled_at`.
             alive_before, polled_at = polled_at, time.time()
             for key, _ in self.selector.select(0):
-                r, kind = key.data
                 if key.fd not in self.selector.get_map():
                     continue  # read already, with its rank's exit in this batch
-                if kind in ("stdout", "stderr"):
-                    self._read_output(key.fd, r, kind)
-                    if self.watch is not None:
-                        self.watch.output(r.rank)
-                elif kind == "stacks":
-                    self._read_stacks(key.fd, r)
-                elif kind == "results":
-                    self._read_outcome(r, alive_before)
-                elif kind == "exit":
-                    self.selector.unregister(key.fd)
-                    if r.results.fileno() in self.selector.get_map() and r.results.poll():  # its last words
-                        self._read_outcome(r, alive_before)
-                    if not r.settled:
-                        r.died = alive_before
-                if r.settled and self.watch is not None:
-                    self.watch.done(r.rank)
+                r = self._read(key, alive_before)
                 if r.failed and failing_since is None:
                     failing_since = time.monotonic()
             if failing_since is not None:
                 cause_seen = any(r.failed and not r.lost_a_peer for r in self.ranks)
                 settle_by = failing_since + (BLAME_WINDOW_S if cause_seen else PEER_WAIT_S)
+
+    def _wait(self, settle_by, next_snapshot) -> float | None:
+        """How long the selector may wait: until the first of the blame's end, the next snapshot, the first stall,
+        the launch's deadline (CANCEL_POLL_S at most for a launch that can be cancelled); None: until something comes."""
+        wake_at = [t for t in (settle_by, next_snapshot if self.watch else None,
+                               self.watch.deadline() if self.watch else None, self.deadline) if t is not None]
+        timeout = max(0.0, min(wake_at) - time.monotonic()) if wake_at else None
+        if timeout == float("inf"):
+            timeout = None
+        if self.cancel is not None:
+            timeout = CANCEL_POLL_S if timeout is None else min(timeout, CANCEL_POLL_S)
+        return timeout
+
+    def _read(self, key, alive_before) -> _RankProcess:
+        """What a rank's pipe (or its end) brought; its rank. A rank that ended without a result is dated by
+        `alive_before`, the last moment it was seen alive."""
+        r, kind = key.data
+        if kind in ("stdout", "stderr"):
+            self._read_output(key.fd, r, kind)
+            if self.watch is not None:
+                self.watch.output(r.rank)
+        elif kind == "stacks":
+            self._read_stacks(key.fd, r)
+        elif kind == "results":
+            self._read_outcome(r, alive_before)
+        elif kind == "exit":
+            self.selector.unregister(key.fd)
+            if r.results.fileno() in self.selector.get_map() and r.results.poll():  # its last words
+                self._read_outcome(r, alive_before)
+            if not r.settled:
+                r.died = alive_before
+        if r.settled and self.watch is not None:
+            self.watch.done(r.rank)
+        return r
 
     def _read_outcome(self, r, alive_before):
         fd = r.results.fileno()
@@ -590,39 +446,12 @@ class _LocalLaunch:
             r.process.join(max(0.0, deadline - time.monotonic()))
 
     def _stop_all_despite_interrupts(self):
-        """_stop_all, carried to its end even if the user interrupts again: a second KeyboardInterrupt
-        during the stop must not leave ranks running."""
-        while True:
-            try:
-                with _interrupts_ignored():
-                    self._stop_all()
-                return
-            except KeyboardInterrupt:
-                continue
+        stop_despite_interrupts(self._stop_all)
 
     def _stop_all(self):
         """SIGTERM every rank's process group, its descendants and whatever carries the launch id, SIGKILL what
         remains; then close the lifelines, whatever still refers to this launch (a traceback kept by the notebook)."""
-        import psutil
-
-        procs = {}
-        for r in self.ranks:
-            if r.process.pid is None:
-                continue
-            with contextlib.suppress(psutil.Error):
-                parent = psutil.Process(r.process.pid)
-                procs.update((p.pid, p) for p in [parent, *parent.children(recursive=True)])
-        # Processes whose rank already died (re-parented away) or that left the rank's session
-        if self.run_id is not None:  # None: interrupted before any rank got the id (launch_processes(None) is everyone)
-            procs.update((p.pid, p) for p in launch_processes(self.run_id) if p.pid not in procs)
-
-        def signal_groups(sig):
-            for r in self.ranks:
-                if r.process.pid is not None:
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(r.process.pid, sig)
-
-        stop_processes(list(procs.values()), grace=TERMINATE_GRACE_S, also=signal_groups)
+        stop_ranks([r.process.pid for r in self.ranks if r.process.pid is not None], self.run_id, TERMINATE_GRACE_S)
         for r in self.ranks:
             r.lifeline.close()  # any rank we could not reach kills itself on this EOF
         for r in self.ranks:
