@@ -354,7 +354,7 @@ class _LocalLaunch:
 
     @staticmethod
     def _ask_for_stacks(r):
-        if r.main_thread is not None and not r.settled:  # its SIGUSR1 handler is in place (_worker.run_rank)
+        if r.main_thread is not None and not r.settled:  # its SIGUSR1 handler is in place (fork_server.run_rank)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(r.process.pid, signal.SIGUSR1)
 
