@@ -4,9 +4,9 @@ PYTHON ?= python3
 # The two environments install side by side (pip waits on downloads and unpacking as much as on the CPU).
 MAKEFLAGS += --jobs=2
 VENV ?= .venv
-# torch is pinned: this pair lies on the CI machine's disk (a CUDA build that also runs on CPU).
+# torch is pinned: the newest pair (a CUDA 13.2 build that also runs on CPU; 2.9 GB from PyPI with its CUDA libraries).
 # On a GPU machine pick your CUDA build, e.g. make setup TORCH="torch==2.11.0 torchvision==0.26.0"
-TORCH ?= torch==2.14.1 torchvision==0.29.1
+TORCH ?= torch==2.15.0 torchvision==0.29.2
 EXTRAS ?= all
 # The quickstart's two notebooks need torch, the package itself and papermill (the `dev` extra): no torchvision,
 # no Hugging Face stack. torch 2.13.0 is the CPU build on the CI machine's disk (about 0.9 GB installed).
@@ -16,6 +16,10 @@ QUICKSTART_EXTRAS ?= dev
 # torch 2.11 to 2.13. CI uses 2.13.0 (the CPU build on its disk); on GPUs e.g. AXOLOTL_TORCH=torch==2.11.0
 AXOLOTL_VENV ?= .venv-axolotl
 AXOLOTL_TORCH ?= torch==2.13.0
+# Unsloth too (environments/unsloth/requirements.txt says why): it takes torch < 2.15 and needs a torchvision that
+# imports beside it: CI's is the pair on its disk (a CUDA build that also runs on CPU, about 5.3 GB installed).
+UNSLOTH_VENV ?= .venv-unsloth
+UNSLOTH_TORCH ?= torch==2.14.1 torchvision==0.29.1
 RUNS ?= runs
 # --no-compile: pip byte-compiles every module it installs one file after another (about 75,000 files in the two
 # environments: 140 of the 250 CPU seconds of the installs here). COMPILE_ALL does it afterwards on every core, for
@@ -51,7 +55,7 @@ torch_lock = $(if $(and $(filter file,$(origin TORCH)),$(filter $(TORCH),$(call 
 # The quickstart runs in a venv that already has everything (after `make test`) without touching it.
 QUICKSTART_STAMP = $(if $(wildcard $(VENV)/.installed-all),$(VENV)/.installed-all,$(VENV)/.installed-$(QUICKSTART_EXTRAS))
 
-.PHONY: setup setup-axolotl setup-air lock quickstart test
+.PHONY: setup setup-axolotl setup-unsloth setup-air lock quickstart test
 # One stamp per set of extras: `make quickstart` (dev) and then `make test` (all) installs the rest.
 setup: $(VENV)/.installed-$(EXTRAS)
 
@@ -82,6 +86,23 @@ $(AXOLOTL_VENV)/.installed: environments/axolotl/requirements.txt environments/a
 	$(AXOLOTL_VENV)/bin/python $(PIP_INSTALL) -c $(AXOLOTL_VENV)/torch-pin.txt $(AXOLOTL_LOCK) -r environments/axolotl/requirements.txt -e .
 	$(call COMPILE_ALL,$(AXOLOTL_VENV))
 	$(AXOLOTL_VENV)/bin/python -m ipykernel install --prefix $(abspath $(VENV)) --name cookbook-axolotl --display-name "Python (cookbook-axolotl)"
+	touch $@
+
+# The notebook kernel `cookbook-unsloth` runs in .venv-unsloth, with the cookbook's `unsloth` extra; its spec goes into
+# .venv, as Axolotl's does.
+setup-unsloth: $(UNSLOTH_VENV)/.installed
+
+UNSLOTH_LOCK = -c environments/unsloth/constraints.txt $(if $(filter file,$(origin UNSLOTH_TORCH)),-c environments/unsloth/constraints-torch.txt)
+$(UNSLOTH_VENV)/.installed: environments/unsloth/requirements.txt environments/unsloth/constraints.txt \
+		environments/unsloth/constraints-torch.txt pyproject.toml Makefile
+	$(call need_free_gb,$(UNSLOTH_VENV),8,UNSLOTH_VENV)
+	test -x $(UNSLOTH_VENV)/bin/python || $(PYTHON) -m venv $(UNSLOTH_VENV)
+	$(UNSLOTH_VENV)/bin/python $(PIP_INSTALL) $(UNSLOTH_LOCK) --upgrade pip setuptools
+	$(UNSLOTH_VENV)/bin/python $(PIP_INSTALL) $(UNSLOTH_LOCK) $(UNSLOTH_TORCH)
+	echo "$(UNSLOTH_TORCH)" | tr ' ' '\n' > $(UNSLOTH_VENV)/torch-pin.txt
+	$(UNSLOTH_VENV)/bin/python $(PIP_INSTALL) -c $(UNSLOTH_VENV)/torch-pin.txt $(UNSLOTH_LOCK) -r environments/unsloth/requirements.txt -e ".[unsloth]"
+	$(call COMPILE_ALL,$(UNSLOTH_VENV))
+	$(UNSLOTH_VENV)/bin/python -m ipykernel install --prefix $(abspath $(VENV)) --name cookbook-unsloth --display-name "Python (cookbook-unsloth)"
 	touch $@
 
 # Databricks' CLI (`air`), with which the tests check each recipe's workload.yaml (environments/databricks-air says why
@@ -121,7 +142,7 @@ quickstart: $(QUICKSTART_STAMP)
 # in the order tests/conftest.py gives them (longest first), not xdist's most-tests-first. TEST_WORKERS=0: no xdist.
 PYTEST_ARGS ?=
 TEST_WORKERS ?= 3
-test: setup setup-axolotl setup-air
+test: setup setup-axolotl setup-unsloth setup-air
 	@scratch=$$(mktemp -d "$${TMPDIR:-/tmp}/cookbook-test.XXXXXX") && trap 'rm -rf "$$scratch"' EXIT && \
 	mkdir "$$scratch/tmp" "$$scratch/home" && echo "make test: TMPDIR and HOME are fresh folders in $$scratch" && \
 	TMPDIR="$$scratch/tmp" HOME="$$scratch/home" \

@@ -42,6 +42,8 @@ ENVIRONMENTS = {
     "main": (["pip", "setuptools", "-e", ".[all]"], "TORCH", "constraints.txt", False),
     "axolotl": (["pip", "setuptools", "-r", "environments/axolotl/requirements.txt", "-e", "."], "AXOLOTL_TORCH",
                 "environments/axolotl/constraints.txt", True),
+    "unsloth": (["pip", "setuptools", "-r", "environments/unsloth/requirements.txt", "-e", ".[unsloth]"],
+                "UNSLOTH_TORCH", "environments/unsloth/constraints.txt", True),
     "databricks-air": (["pip", "setuptools", "-r", "environments/databricks-air/requirements.txt"], None,
                        "environments/databricks-air/constraints.txt", False),
 }

@@ -351,7 +351,8 @@ CASES = [
     # Unsloth: the tiny Llama stand-in, 20 steps with a checkpoint every 10. The 2-rank run is also the reference
     # that tests/test_unsloth_notebook.py's killed-and-resumed run must reproduce (the notebook_run fixture shares it).
     # Without the tests' CPU fixes: what the notebook needs on CPUs it passes itself, so these runs are a user's
-    # (tests/test_unsloth_notebook.py checks that the 2 ranks train as one job, and resume).
+    # (tests/test_unsloth_notebook.py checks that the 2 ranks train as one job, and resume). On Unsloth's own kernel,
+    # `cookbook-unsloth` (.venv-unsloth: its caps hold only this notebook).
     NotebookCase(
         "notebooks/unsloth/ddp_llama_3_2_3b.ipynb",
         parameters={**UNSLOTH_SMOKE, "num_gpus": None},
@@ -366,6 +367,7 @@ CASES = [
         },
         files=("adapter/adapter_model.safetensors", "merged/config.json", "loss.png"),
         timeout=300,
+        kernel="cookbook-unsloth",
         output_contains=("[rank 0]", "[rank 1]", "LoRA weights identical on all 2 ranks: True", "merged model in"),
     ),
     NotebookCase(  # one rank (one GPU, or one CPU process): nothing to compare
@@ -377,6 +379,7 @@ CASES = [
         expect={"world_size": ("==", 1), "final_loss_vs_initial": ("<", 0.975)},
         files=("adapter/adapter_model.safetensors",),
         timeout=300,
+        kernel="cookbook-unsloth",
         output_contains=("[rank 0]", "one rank: no other rank to all-reduce with or compare to"),
     ),
     # Axolotl: without GPUs it trains in one process (it places each process's model on GPU LOCAL_RANK), so its CPU

@@ -2,11 +2,11 @@
 environments/, written by environments/lock.py), the environments share one MLflow store, the extras and lower bounds
 of pyproject.toml, the README's install lines and JupyterLab."""
 import json
+import os
 import re
 import subprocess
 import sys
 import tomllib
-from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -28,13 +28,14 @@ def requirements() -> list[Requirement]:
 
 
 def environment_python(name: str) -> Path:
-    """The interpreter of each environment `make test` installs: this one, Axolotl's kernel, Databricks' CLI."""
+    """The interpreter of each environment `make test` installs: this one, Axolotl's and Unsloth's kernels,
+    Databricks' CLI."""
     if name == "main":
         return Path(sys.executable)
-    if name == "axolotl":
+    if name in ("axolotl", "unsloth"):
         from jupyter_client.kernelspec import KernelSpecManager
 
-        return Path(KernelSpecManager().get_kernel_spec("cookbook-axolotl").argv[0])
+        return Path(KernelSpecManager().get_kernel_spec(f"cookbook-{name}").argv[0])
     return REPO / ".venv-air" / "bin" / "python"
 
 
@@ -87,32 +88,69 @@ print(sorted(runs["tags.mlflow.runName"]))
 """
 
 
-def test_one_mlflow_store_is_written_and_read_from_both_environments(tmp_path):
+def test_one_mlflow_store_is_written_and_read_from_every_environment(tmp_path):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sharing = [name for name, (_, _, _, shares_store) in lock.ENVIRONMENTS.items() if shares_store]
+    order = ["main", *sharing, "main"]  # main first (it creates the store), each other one, then main reads them all
     seen = []
-    for python, run in ((environment_python("main"), "from_main"), (environment_python("axolotl"), "from_axolotl"),
-                        (environment_python("main"), "from_main_again")):
-        done = subprocess.run([python, "-c", STORE_ROUND, store, run], capture_output=True, text=True,
-                              cwd=tmp_path, timeout=300)
-        assert done.returncode == 0, done.stderr[-3000:]
+    for i, name in enumerate(order):
+        done = subprocess.run([environment_python(name), "-c", STORE_ROUND, store, f"{i}_from_{name}"],
+                              capture_output=True, text=True, cwd=tmp_path, timeout=300)
+        assert done.returncode == 0, f"{name}: {done.stderr[-3000:]}"
         seen.append(done.stdout.strip().splitlines()[-1])
-    assert seen == ["['from_main']", "['from_axolotl', 'from_main']", "['from_axolotl', 'from_main', 'from_main_again']"]
+    assert seen == [str(sorted(f"{j}_from_{n}" for j, n in enumerate(order[:i + 1]))) for i in range(len(order))]
 
 
-# Bounds tested in another environment: torch 2.11 and torchvision 0.26 on the H200s (benchmarks/results),
-# flash-linear-attention and causal-conv1d only there (CUDA only), nvidia-ml-py 12.560 in .venv-axolotl (Axolotl pins it).
-TESTED_ELSEWHERE = {"torch", "torchvision", "flash-linear-attention", "causal-conv1d", "nvidia-ml-py"}
+# Bounds tested on the GPU machine only: torch 2.11 and torchvision 0.26 (benchmarks/results), flash-linear-attention and
+# causal-conv1d (CUDA only).
+TESTED_ELSEWHERE = {"torch", "torchvision", "flash-linear-attention", "causal-conv1d"}
 
 
-def test_every_lower_bound_is_the_tested_version():
+def extras_of(requirements_: list[str]) -> list[str]:
+    """The requirements of this project's `requirements_` (its own `nbhelpers[...]` lines opened up, recursively)."""
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    opened = []
+    for line in requirements_:
+        if line.startswith("nbhelpers["):
+            opened += extras_of([r for extra in line[len("nbhelpers["):-1].split(",") for r in extras[extra]])
+        else:
+            opened.append(line)
+    return opened
+
+
+def installed_by(name: str) -> list[Requirement]:
+    """What the `name` environment installs of this project's requirements: its dependencies and those of the extras
+    its install names (`-e .[unsloth]`, `-e .`)."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    install = lock.ENVIRONMENTS[name][0]
+    [this] = [item for item in install if item == "." or item.startswith(".[")] or [None]
+    if this is None:
+        return []
+    extras = this[2:-1].split(",") if this != "." else []
+    return [Requirement(r) for r in extras_of(project["dependencies"] + [f"nbhelpers[{','.join(extras)}]"] * bool(extras))]
+
+
+def test_every_range_runs_from_the_oldest_version_tested_to_the_next_major_release():
+    """A user's project installs the extras beside its own versions: each requirement is a range (exact pins live only
+    in the locks), from the oldest version an environment here installs it at (the lower bounds of TESTED_ELSEWHERE:
+    the GPU machine's) up to the next major release after the newest."""
+    tested = {}
+    for name in lock.ENVIRONMENTS:
+        lock_file = REPO / lock.ENVIRONMENTS[name][2]
+        locked = lock.read_lock(lock_file) | lock.read_lock(lock.torch_lock(lock_file))
+        for requirement in installed_by(name):
+            tested.setdefault(lock.normal(requirement.name), set()).add(Version(locked[lock.normal(requirement.name)]))
     for requirement in requirements():
-        for spec in requirement.specifier:
-            if spec.operator == ">=" and requirement.name.lower() not in TESTED_ELSEWHERE:
-                tested = Version(metadata.version(requirement.name))
-                assert tested in requirement.specifier, f"{requirement}: tested with {tested}"
-                bound = Version(spec.version).release
-                assert tested.release[:len(bound)] == bound, (
-                    f"{requirement}: the lower bound is older than what was tested ({tested}): raise it or test it")
+        specs = {spec.operator: Version(spec.version) for spec in requirement.specifier}
+        assert set(specs) == {">=", "<"}, f"{requirement}: a range >=OLDEST,<NEXT_MAJOR, pins only in the locks"
+        versions = sorted(tested.get(lock.normal(requirement.name), ()))
+        if lock.normal(requirement.name) not in TESTED_ELSEWHERE:
+            assert versions, f"{requirement}: no environment here installs it"
+            bound = specs[">="].release
+            assert versions[0].release[:len(bound)] == bound, (
+                f"{requirement}: the oldest version tested here is {versions[0]}: make it the lower bound, or test it")
+        newest = versions[-1] if versions else specs[">="]
+        assert specs["<"].release == (newest.major + 1,), f"{requirement}: the next major after {newest}"
 
 
 def test_gpu_system_metrics_have_their_nvml_binding_declared():

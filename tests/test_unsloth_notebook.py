@@ -94,7 +94,8 @@ def test_killed_run_resumes_to_the_same_losses(tmp_path, standin, notebook_run):
 
 def test_missing_model_folder_is_named_before_any_rank_starts(tmp_path):
     missing = tmp_path / "no-such-model"
-    case = NotebookCase(NOTEBOOK, parameters={**SMOKE.parameters, "model_name_or_path": str(missing)}, timeout=120)
+    case = NotebookCase(NOTEBOOK, parameters={**SMOKE.parameters, "model_name_or_path": str(missing)}, timeout=120,
+                        kernel=SMOKE.kernel)
     with pytest.raises(papermill.PapermillExecutionError, match="looked for on disk") as failure:
         run_notebook(case, tmp_path / "run")
     assert str(missing) in str(failure.value)
