@@ -381,6 +381,30 @@ def mlflow_run(experiment: str, output_dir: str | Path, tracking_uri: str | None
 
 def log_causal_lm(tracking, model_dir: str | Path) -> None:
     """Log a saved causal LM (config, weights, tokenizer) as an MLflow transformers model for text generation
-    (signature: text in, text out). `tracking`: what `mlflow_run` yielded; None does nothing."""
+    (signature: text in, text out), from its folder: the model is not loaded again. `tracking`: what `mlflow_run`
+    yielded; None does nothing."""
     if tracking is not None:
-        tracking.transformers.log_model(transformers_model=str(model_dir), task="text-generation", name="model")
+        with _pipeline_class_in_task_registry("text-generation"):
+            tracking.transformers.log_model(transformers_model=str(model_dir), task="text-generation", name="model")
+
+
+@contextlib.contextmanager
+def _pipeline_class_in_task_registry(task: str):
+    """MLflow (3.18, which declares Transformers up to 5.20.2) logs a model folder by reading the `__name__` of the
+    task's pipeline class in Transformers' task registry (transformers.pipelines.SUPPORTED_TASKS); from Transformers
+    5.23 the registry holds the class's dotted path, imported when a pipeline is made, and MLflow fails with "'str'
+    object has no attribute '__name__'". For that one call the task's entry holds the class, as up to 5.22; then it
+    holds what it held. Where it holds a class (Transformers 5.17, the GPU machine's) nothing changes."""
+    import importlib
+
+    from transformers.pipelines import SUPPORTED_TASKS
+
+    entry = SUPPORTED_TASKS[task]
+    impl = entry["impl"]
+    if isinstance(impl, str):
+        module, _, name = impl.rpartition(".")
+        entry["impl"] = getattr(importlib.import_module(module), name)
+    try:
+        yield
+    finally:
+        entry["impl"] = impl
