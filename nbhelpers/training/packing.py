@@ -3,7 +3,7 @@
 TRL's padding-free packing (`SFTConfig(packing=True)`) puts several conversations in one row, with no padding, and
 restarts the position ids at the start of each. Transformers finds those starts in the position ids when it builds
 the attention masks (`create_causal_mask(..., position_ids=...)`), and Llama's forward passes them; GptOssModel's
-forward (Transformers 5.17) does not, so in a packed row every conversation attends to the ones before it.
+forward (Transformers 5.17 to 5.25) does not, so in a packed row every conversation attends to the ones before it.
 `mask_packed_sequences` builds GPT-OSS's two masks (full and sliding-window) from the position ids before its forward
 and hands them over as the prepared masks it accepts. Remove it once GptOssModel passes `position_ids` to its masks
 (`tests/test_gpt_oss_compile_and_packing.py` fails then, to say so).
@@ -22,14 +22,17 @@ def mask_packed_sequences(model: torch.nn.Module) -> torch.utils.hooks.Removable
 
     def with_packed_masks(module, args, kwargs):
         position_ids = kwargs.get("position_ids")
-        if position_ids is None or kwargs.get("attention_mask") is not None or kwargs.get("past_key_values") is not None:
+        # The cache's keyword: `past_key_values` in Transformers 5.17, `cache` in 5.25 (which still takes the old one)
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        if position_ids is None or kwargs.get("attention_mask") is not None or cache is not None:
             return None
-        # The mask functions read only the batch size, length, dtype and device of the embeddings.
+        # The mask functions read only the batch size, length, dtype and device of the embeddings. Their fourth
+        # argument, the cache (None), is given by position: its name is the one above that changed.
         shape = torch.empty(*position_ids.shape, 0, dtype=module.dtype, device=position_ids.device)
-        inputs = dict(config=module.config, inputs_embeds=shape, attention_mask=None, past_key_values=None,
-                      position_ids=position_ids)
-        kwargs["attention_mask"] = {"full_attention": create_causal_mask(**inputs),
-                                    "sliding_attention": create_sliding_window_causal_mask(**inputs)}
+        inputs = (module.config, shape, None, None)  # config, inputs_embeds, attention_mask, cache
+        kwargs["attention_mask"] = {"full_attention": create_causal_mask(*inputs, position_ids=position_ids),
+                                    "sliding_attention": create_sliding_window_causal_mask(*inputs,
+                                                                                           position_ids=position_ids)}
         return args, kwargs
 
     return decoder.register_forward_pre_hook(with_packed_masks, with_kwargs=True)
