@@ -7,7 +7,8 @@ the previous sample and their recurrent state flows on from one sample into the 
 into each other, in the PyTorch fallback and with the kernels alike. The layer passes the model call's
 kwargs to `causal_conv1d_fn` and `cu_seq_lens_q` (as `cu_seqlens`) to `chunk_gated_delta_rule`; the
 fallbacks ignore both, flash-linear-attention honours cu_seqlens (batch 1 only), causal-conv1d does not take
-it (it takes seq_idx, which nothing passes). So:
+it (it takes seq_idx, which nothing passes). Transformers 5.25 refuses a packed batch where flash-linear-attention
+cannot run (on CPUs: "can't keep packed sequences apart") instead of leaking. So:
 
     if has_linear_attention(model.config):
         kernels = select_kernels(device)   # flash-linear-attention / causal-conv1d if installed and correct, else PyTorch
