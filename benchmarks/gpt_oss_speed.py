@@ -66,7 +66,7 @@ def main() -> None:
     parser.add_argument("--gradient_checkpointing", choices=["true", "false"], default=None,
                         help="default: the notebook's sft_config (on; its planner may turn it off)")
     parser.add_argument("--every_n_layers", type=int, default=None,
-                        help="with checkpointing: only every n-th decoder layer (gradient_checkpointing_kwargs)")
+                        help="with checkpointing: only every n-th decoder layer (its _kwargs' every_n_layers)")
     parser.add_argument("--profile", default=None, help="profile the last step into PREFIX.txt")
     parser.add_argument("--size", default="full", choices=["full", "tiny"], help="tiny: check the script on a CPU")
     cli = parser.parse_args()
@@ -78,6 +78,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
     from trl import SFTTrainer
 
+    from nbhelpers.training.activation_checkpointing import checkpointing_field
     from nbhelpers.training.expert_lora import lora_on_expert_activations
     from nbhelpers.training.packing import mask_packed_sequences
     from nbhelpers.training.trainer_log import StepTimer, logged
@@ -93,10 +94,11 @@ def main() -> None:
     )
     if cli.gradient_accumulation_steps:
         args.sft_settings["gradient_accumulation_steps"] = cli.gradient_accumulation_steps
+    field = checkpointing_field()  # activation checkpointing's TrainingArguments field in this Transformers
     if cli.gradient_checkpointing:
-        args.sft_settings["gradient_checkpointing"] = cli.gradient_checkpointing == "true"
+        args.sft_settings[field] = cli.gradient_checkpointing == "true"
     if cli.every_n_layers:
-        args.sft_settings["gradient_checkpointing_kwargs"] = {"use_reentrant": False, "every_n_layers": cli.every_n_layers}
+        args.sft_settings[f"{field}_kwargs"] = {"use_reentrant": False, "every_n_layers": cli.every_n_layers}
     if cli.model == "gpt-oss-120b":  # built on the GPU here, not loaded by rank 0: nothing to broadcast
         args.sft_settings["fsdp_config"] = {**nb["fsdp_settings"](args), "cpu_ram_efficient_loading": False}
     sft = nb["sft_config"](args)

@@ -8,7 +8,7 @@ randomly initialised full-size stand-in (tests/standins.py), bf16-mixed, AdamW, 
   ddp      fp32 weights, DistributedDataParallel, torch.autocast(bfloat16)
   fsdp2    fully_shard per decoder layer and the root, MixedPrecisionPolicy(bf16 params, fp32 reduce)
   zero3    DeepSpeed ZeRO-3, "bf16": {"enabled": true}, the same torch AdamW (no op builds)
-  +ckpt    the model's gradient_checkpointing_enable() (full activation checkpointing)
+  +ckpt    the model's activation_checkpointing_enable() (full activation checkpointing; gradient_ before 5.23)
 After --warmup steps the allocator's peak is reset, so the figures are the steady state of the remaining
 steps: torch.cuda.max_memory_allocated (what the planner's estimate without allowance predicts) and
 max_memory_reserved per rank, and the device's used memory (total - free: adds the CUDA context and NCCL).
@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from nbhelpers.planner.plan import plan
+from nbhelpers.training.activation_checkpointing import enable_checkpointing
 from nbhelpers.training.metrics import environment, peak_memory_bytes
 
 TESTS = Path(__file__).resolve().parents[1] / "tests"
@@ -69,7 +70,7 @@ def setup(technique: str, checkpointing: bool, config, dev, lr: float = 1e-5):
 
         model = build(config, dev, torch.float32)
         if checkpointing:
-            model.gradient_checkpointing_enable()
+            enable_checkpointing(model)
         model = DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None)
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
         return (model, optimizer), adamw_step(model, optimizer, torch.autocast(dev.type, dtype=torch.bfloat16))
@@ -79,7 +80,7 @@ def setup(technique: str, checkpointing: bool, config, dev, lr: float = 1e-5):
 
         model = build(config, dev, torch.float32)
         if checkpointing:
-            model.gradient_checkpointing_enable()
+            enable_checkpointing(model)
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         for layer in model.model.layers:
             fully_shard(layer, mp_policy=policy)
@@ -94,7 +95,7 @@ def setup(technique: str, checkpointing: bool, config, dev, lr: float = 1e-5):
             skip_deepspeed_shm_build()
         model = build(config, dev, torch.bfloat16)
         if checkpointing:
-            model.gradient_checkpointing_enable()
+            enable_checkpointing(model)
         ds_config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
                      "bf16": {"enabled": True}, "zero_optimization": {"stage": 3},
                      "zero_allow_untested_optimizer": True, "steps_per_print": 10**9}

@@ -99,12 +99,14 @@ def load(engine, model_path, seq_len, lora_r, device):
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from nbhelpers.training.activation_checkpointing import checkpointing_fields
+
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPE, attn_implementation="sdpa",
                                                  device_map={"": device})
     peft_config = LoraConfig(r=lora_r, lora_alpha=16, lora_dropout=0.0, target_modules=TARGETS, bias="none",
                              task_type="CAUSAL_LM")
-    gc = {"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": False}}
+    gc = checkpointing_fields(True, use_reentrant=False)  # by the names this Transformers has
     return model, tokenizer, peft_config, gc
 
 

@@ -101,15 +101,20 @@ def load_config_file(path: str | Path) -> dict:
     return yaml.safe_load(path.read_text()) or {}
 
 
-def config_with_overrides(config: str | Path, overrides: str | Path) -> Path:
-    """A YAML file (beside `overrides`, in a temporary folder) of `config`'s settings with `overrides`' keys applied: for
-    a parser whose --config replaces the recipe's file (TRL's), as a workload's `parameters` (HYPERPARAMETERS_PATH)
-    change only a few. A key `config` does not have is refused, naming the known ones."""
+def config_with_overrides(config: str | Path, overrides: str | Path | None = None) -> Path:
+    """A YAML file (in a temporary folder) of `config`'s settings with `overrides`' keys applied: for a parser whose
+    --config replaces the recipe's file (TRL's), as a workload's `parameters` (HYPERPARAMETERS_PATH) change only a few.
+    A key `config` does not have is refused, naming the known ones. Activation checkpointing's TrainingArguments
+    fields go under the names the installed Transformers reads (nbhelpers.training.activation_checkpointing),
+    whichever of its two names either file gives them."""
     import tempfile
 
     import yaml
 
-    settings, changes = load_config_file(config), load_config_file(overrides)
+    from nbhelpers.training.activation_checkpointing import with_installed_names
+
+    settings = with_installed_names(load_config_file(config))
+    changes = with_installed_names(load_config_file(overrides)) if overrides else {}
     refuse_unknown_settings(overrides, changes, known=settings)
     merged = Path(tempfile.mkdtemp(prefix="recipe-config-")) / Path(config).name
     merged.write_text(yaml.safe_dump({**settings, **changes}, sort_keys=False))

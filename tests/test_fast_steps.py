@@ -54,7 +54,7 @@ def test_the_checkpointing_row_recomputes_each_layer_in_the_backward(checkpointi
     mode, where Transformers skips checkpointing), runs each layer's attention again in the backward."""
     prepare = notebook_cells(NOTEBOOK, "prepare")["prepare"]
     model = AutoModelForCausalLM.from_pretrained(standins.make("llama-3.2-1b", "tiny", out=tmp_path / "model"))
-    cfg = SimpleNamespace(gradient_checkpointing=checkpointing, torch_compile=False, fsdp=True, bf16=False,
+    cfg = SimpleNamespace(activation_checkpointing=checkpointing, torch_compile=False, fsdp=True, bf16=False,
                           reshard_after_forward=True)
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
     try:

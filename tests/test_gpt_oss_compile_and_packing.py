@@ -16,6 +16,7 @@ from peft import LoraConfig, get_peft_model
 from torch.distributed.fsdp import fully_shard
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
+from nbhelpers.training.activation_checkpointing import enable_checkpointing
 from nbhelpers.training.expert_lora import lora_on_expert_activations
 from nbhelpers.training.packing import mask_packed_sequences
 from notebook_code import notebook_cells
@@ -36,7 +37,7 @@ def lora_model(seed=0):
     model = standins.build("gpt-oss-20b", "tiny", device="cpu", seed=seed, layers=1)  # one layer: one graph to compile
     model.config.use_cache = False
     model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM"))
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable_checkpointing(model, use_reentrant=False)
     model.enable_input_require_grads()
     return model.train()
 
@@ -128,7 +129,7 @@ def fsdp_lora_120b(notebook, compiled: bool, lora_on_experts: bool):
             layer.forward = torch.compile(layer.forward)
     model = get_peft_model(model, notebook["lora_config"](SimpleNamespace(lora_r=8)))
     assert lora_on_expert_activations(model) == (2 if lora_on_experts else 0)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable_checkpointing(model, use_reentrant=False)
     model.enable_input_require_grads()
     for layer in model.get_base_model().model.layers:
         fully_shard(layer)

@@ -1,5 +1,6 @@
 """The Hugging Face helpers: tokens/s after the warm-up steps (nbhelpers.training.trainer_log); clear errors for a
-model or dataset that cannot be found (nbhelpers.training.hub)."""
+model or dataset that cannot be found (nbhelpers.training.hub); activation checkpointing by the names the installed
+Transformers has (nbhelpers.training.activation_checkpointing)."""
 import math
 from types import SimpleNamespace
 
@@ -85,3 +86,29 @@ def test_push_to_hub_without_a_token_says_how_to_pass_one(monkeypatch, tmp_path)
     check_push_to_hub(False, "")  # not pushing: nothing to check
     with pytest.raises(ValueError, match="HF_TOKEN.*hf auth login"):
         check_push_to_hub(True, "me/model")
+
+
+def test_activation_checkpointing_goes_by_the_names_the_installed_transformers_has(standin):
+    """TrainingArguments takes the fields without a deprecation warning, a config file written with either name keeps
+    its value, both names of one field are refused, and the model's layers are checkpointed (every 2nd here)."""
+    import warnings
+
+    from transformers import AutoModelForCausalLM, TrainingArguments
+
+    from nbhelpers.training.activation_checkpointing import (NEW, OLD, checkpointing_field, checkpointing_fields,
+                                                             enable_checkpointing, with_installed_names)
+
+    field = checkpointing_field()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        args = TrainingArguments("/tmp/unused", **checkpointing_fields(True, use_reentrant=False), use_cpu=True)
+    assert getattr(args, field) is True and getattr(args, f"{field}_kwargs") == {"use_reentrant": False}
+    for name in (NEW, OLD):
+        assert with_installed_names({name: False, f"{name}_kwargs": {"every_n_layers": 2}, "seed": 1}) == {
+            field: False, f"{field}_kwargs": {"every_n_layers": 2}, "seed": 1}
+    with pytest.raises(ValueError, match="keep one"):
+        with_installed_names({NEW: True, OLD: False})
+    model = AutoModelForCausalLM.from_pretrained(standin("llama-3.2-1b"))
+    enable_checkpointing(model, every_n_layers=2, use_reentrant=False)
+    assert [layer.gradient_checkpointing for layer in model.model.layers] == [
+        i % 2 == 0 for i in range(len(model.model.layers))]

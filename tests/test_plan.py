@@ -15,6 +15,7 @@ from nbhelpers.planner.command_line import build_parser
 from nbhelpers.planner.parameters import NF4_BYTES, count_parameters, load_model
 from nbhelpers.planner.plan import GIB, plan
 from nbhelpers.planner.techniques import OFFLOAD_TECHNIQUES, TECHNIQUES
+from nbhelpers.training.activation_checkpointing import checkpointing_field, checkpointing_fields
 
 REPO = Path(__file__).resolve().parents[1]
 # Written by benchmarks/gpu/planner.sh on the 2x H200 machine; the lead copies them here.
@@ -236,18 +237,17 @@ def test_a_chunked_loss_keeps_16_bytes_a_token_instead_of_the_logits():
 GPT_OSS_20B_NOTEBOOK = dict(lora_rank=8, seq_len=2048, attention="flex", chunked_loss=True)
 
 
-EVERY_2ND_LAYER = {"gradient_checkpointing": True,
-                   "gradient_checkpointing_kwargs": {"use_reentrant": False, "every_n_layers": 2}}
+EVERY_2ND_LAYER = checkpointing_fields(True, use_reentrant=False, every_n_layers=2)  # by the installed names
+OFF = checkpointing_fields(False)
 
 
 @pytest.mark.parametrize("gpu_memory_gib, torch_compile, expected", [
-    (140.4, False, {"gradient_checkpointing": False}),  # fits as asked
-    (79.6, True, {"gradient_checkpointing": False}),  # compiled layers keep 40 % of eager's activations: fits as asked
+    (140.4, False, OFF),  # fits as asked
+    (79.6, True, OFF),  # compiled layers keep 40 % of eager's activations: fits as asked
     (79.6, False, EVERY_2ND_LAYER),  # recomputing half the layers (0.25) costs less than halving the micro-batch (0.42)
     (60.0, True, EVERY_2ND_LAYER),
-    (60.0, False, {"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": False,
-                                                                                   "every_n_layers": 1}}),
-    (79.6, None, {"gradient_checkpointing": False, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 8}),
+    (60.0, False, checkpointing_fields(True, use_reentrant=False, every_n_layers=1)),
+    (79.6, None, OFF | {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 8}),
 ])
 def test_the_activations_fit_the_cheapest_way_with_the_same_tokens_a_step(monkeypatch, capsys, gpu_memory_gib,
                                                                            torch_compile, expected):
@@ -264,7 +264,7 @@ def test_the_activations_fit_the_cheapest_way_with_the_same_tokens_a_step(monkey
     assert fields == expected
     said = capsys.readouterr().err.strip().splitlines()
     assert len(said) == 1 and "fits" in said[0], said
-    assert ("the cheapest way that fits" in said[0]) == (expected != {"gradient_checkpointing": False}), said
+    assert ("the cheapest way that fits" in said[0]) == (expected != OFF), said
 
 
 H100_2026_12_07 = REPO / "benchmarks/results/h100x1_2026-12-07/gpt_oss_20b"
@@ -293,9 +293,7 @@ def test_without_accumulation_as_few_layers_are_checkpointed_as_fit(monkeypatch)
     monkeypatch.setattr(fits, "visible_gpus", lambda: [("NVIDIA GPU", 79.6)])
     fields = fits.fit_activations("gpt-oss-20b", "ddp", per_device_train_batch_size=4, **GPT_OSS_20B_NOTEBOOK)
     assert fields == EVERY_2ND_LAYER
-    every = fields["gradient_checkpointing_kwargs"]["every_n_layers"]
-    assert fields == {"gradient_checkpointing": True,
-                      "gradient_checkpointing_kwargs": {"use_reentrant": False, "every_n_layers": every}}
+    every = fields[f"{checkpointing_field()}_kwargs"]["every_n_layers"]
     shape = dict(gpu_memory_gib=79.6, micro_batch=4, checkpointing=True, **GPT_OSS_20B_NOTEBOOK)
     assert every > 1 and plan("gpt-oss-20b", every_n_layers=every, **shape).fits("ddp")
     assert not plan("gpt-oss-20b", every_n_layers=every + 1, **shape).fits("ddp")

@@ -92,26 +92,29 @@ def test_the_trainer_gets_the_planners_way_to_fit_with_the_same_tokens_a_step(mo
                                                                                torch_compile, every_n_layers):
     """The notebook's settings as its settings cell leaves them for the full-size model: its own 4 rows and 4
     accumulation steps without recomputation where that fits (compiled layers on an 80 GB GPU, any on a 141 GB one),
-    every 2nd layer checkpointed eager on 80 GB; 16 rows a step either way. A config file's gradient_checkpointing wins."""
+    every 2nd layer checkpointed eager on 80 GB; 16 rows a step either way. A config file's checkpointing wins, also
+    under the name Transformers 5.17 gave it."""
     from types import SimpleNamespace
 
     from nbhelpers.planner import fits
+    from nbhelpers.training.activation_checkpointing import checkpointing_field, with_installed_names
     from notebook_code import notebook_cells
 
     monkeypatch.setattr(fits, "visible_gpus", lambda: [("NVIDIA GPU", gpu_memory_gib)])
     nb = notebook_cells(NOTEBOOK, "sft_config")
     for config_file in ({}, {"gradient_checkpointing": True}):
         args = SimpleNamespace(output_dir="/tmp/out", learning_rate=2e-4, max_steps=8, per_device_train_batch_size=4,
-                               max_length=2048, sft_settings=dict(config_file))
+                               max_length=2048, sft_settings=with_installed_names(config_file))
         args.sft_settings |= fits.fit_activations(  # as the notebook's settings cell
             "gpt-oss-20b", "ddp", per_device_train_batch_size=args.per_device_train_batch_size,
             gradient_accumulation_steps=args.sft_settings.get("gradient_accumulation_steps", 4),
-            gradient_checkpointing=args.sft_settings.get("gradient_checkpointing"), lora_rank=8, seq_len=2048,
+            gradient_checkpointing=args.sft_settings.get(checkpointing_field()), lora_rank=8, seq_len=2048,
             attention="flex", chunked_loss=True, torch_compile=torch_compile)
         sft = nb["sft_config"](args)
         assert (sft.per_device_train_batch_size, sft.gradient_accumulation_steps) == (4, 4)
         every = 1 if config_file else every_n_layers
-        assert sft.gradient_checkpointing == (every is not None)
-        assert sft.gradient_checkpointing_kwargs.get("every_n_layers", 1) == (every or 1)
-        assert sft.gradient_checkpointing_kwargs["use_reentrant"] is False  # DDP with frozen weights needs it
+        field = checkpointing_field()  # activation checkpointing's, in this Transformers
+        assert getattr(sft, field) == (every is not None)
+        assert getattr(sft, f"{field}_kwargs").get("every_n_layers", 1) == (every or 1)
+        assert getattr(sft, f"{field}_kwargs")["use_reentrant"] is False  # DDP with frozen weights needs it
     assert len(capsys.readouterr().err.strip().splitlines()) == 2  # one verdict a run

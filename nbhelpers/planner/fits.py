@@ -20,6 +20,7 @@ from nbhelpers.planner.plan import plan
 from nbhelpers.planner.techniques import LABELS
 from nbhelpers.planner.time_to_finish import time_clause
 from nbhelpers.planner.verdict import checkpointing_words
+from nbhelpers.training.activation_checkpointing import checkpointing_fields
 
 __all__ = ["WillNotFit", "check_fits", "fit_activations", "visible_gpus"]
 
@@ -97,11 +98,12 @@ def fit_activations(model, technique: str, *, per_device_train_batch_size: int,
                     gradient_accumulation_steps: int | None = None, gradient_checkpointing: bool | None = None,
                     **shape) -> dict:
     """The cheapest way this run's activations fit the GPUs here, before the model loads, as the TrainingArguments
-    fields to set ({} to keep the run as asked). The same tokens per optimizer step either way. In order of what each
+    fields to set ({} to keep the run as asked), activation checkpointing's under the installed Transformers' names
+    (nbhelpers.training.activation_checkpointing). The same tokens per optimizer step either way. In order of what each
     costs (RECOMPUTE_SHARE, HALVED_MICRO_BATCH_COST): nothing, where the run fits as asked; the micro-batch halved
     (once or more) with as many more accumulation steps, where gradient_accumulation_steps is given; gradient
-    checkpointing of every n-th decoder layer, n as large as fits (`gradient_checkpointing_kwargs` `every_n_layers`,
-    transformers' own setting); checkpointing every layer. One line of verdict (check_fits, with `shape`: gpus,
+    checkpointing of every n-th decoder layer, n as large as fits (`every_n_layers` of its `_kwargs`, transformers'
+    own setting); checkpointing every layer. One line of verdict (check_fits, with `shape`: gpus,
     lora_rank, seq_len, attention, ...); WillNotFit where nothing fits. `gradient_checkpointing` given (a config
     file's) is kept and checked. Without GPUs: {} and one line."""
     here = visible_gpus()
@@ -133,7 +135,7 @@ def fit_activations(model, technique: str, *, per_device_train_batch_size: int,
                    checkpointing=True, **shape)
     if cost == 0:
         check_fits(model, technique, micro_batch=batch, gradient_accumulation_steps=accumulation or 1, **shape)
-        return {"gradient_checkpointing": False}
+        return checkpointing_fields(False)
     asked = plan(built, gpus=gpus, gpu_memory_gib=memory, micro_batch=batch, suggest=False, **planning)
     how = (f"micro-batches of {micro} and {steps} accumulation steps, no recomputation" if not checkpointing
            else f"{-(-layers // every)} of {layers} layers recomputed in the backward")
@@ -141,11 +143,11 @@ def fit_activations(model, technique: str, *, per_device_train_batch_size: int,
               f"{asked.estimate(technique).total:.1f} GiB; the cheapest way that fits: {how})")
     check_fits(model, technique, micro_batch=micro, gradient_accumulation_steps=steps or 1, checkpointing=checkpointing,
                every_n_layers=every, chosen=chosen, **shape)
-    fields = {"gradient_checkpointing": checkpointing}
+    # non-reentrant: DDP with frozen weights needs it (transformers' default, said explicitly)
+    fields = checkpointing_fields(True, use_reentrant=False, every_n_layers=every) if checkpointing else \
+        checkpointing_fields(False)
     if micro != batch:
         fields |= {"per_device_train_batch_size": micro, "gradient_accumulation_steps": steps}
-    if checkpointing:  # non-reentrant: DDP with frozen weights needs it (transformers' default, said explicitly)
-        fields["gradient_checkpointing_kwargs"] = {"use_reentrant": False, "every_n_layers": every}
     return fields
 
 

@@ -10,7 +10,8 @@
 - step_times.py       this rank's wait for data, forward passes and steps, for the straggler report (a call per step,
                       or a callback: trainer_log.StepTimer for the HF Trainer, lightning_callback())
 - adapters.py         a LoRA adapter's fingerprint (identical on every rank under DDP), the merged model's export
-- needs_gpu.py        what cannot run on CPUs (TRL's loss kernel) says so before anything loads
+- needs_gpu.py        what cannot run on CPUs (the TRL notebooks) says so before anything loads
+- activation_checkpointing.py  its settings by the names the installed Transformers has (renamed in 5.23)
 - packing.py          GPT-OSS's attention masks for packed rows: each conversation attends only to itself
 - expert_lora.py      GPT-OSS's experts' LoRA on the routed tokens, not PEFT's W + BA for every expert
 - axolotl_plugins.py  Axolotl plugins: its checkpoints sealed, a resumed run on the same data order

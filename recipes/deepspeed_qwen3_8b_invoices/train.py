@@ -64,12 +64,14 @@ def parse_args(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--config" not in argv:
         argv = ["--config", str(HERE / "config.yaml"), *argv]
+    overrides = None
     if "--overrides" in argv:  # a subset of the config's keys (TRL's --config replaces the whole file)
         at = argv.index("--overrides")
         overrides = argv[at + 1]
         del argv[at:at + 2]
-        config_at = argv.index("--config") + 1
-        argv[config_at] = str(config_with_overrides(argv[config_at], overrides))
+    # the config with the overrides, and activation checkpointing's fields by this Transformers' names
+    config_at = argv.index("--config") + 1
+    argv[config_at] = str(config_with_overrides(argv[config_at], overrides))
     parser = TrlParser((ScriptArguments, SFTConfig, ModelConfig, InvoiceArguments))
     parser.set_defaults(use_cpu=not torch.cuda.is_available())  # accelerate sees no distributed run without it
     return parser.parse_args_and_config(argv)  # SFTConfig starts the process group (accelerate) and reads DeepSpeed's

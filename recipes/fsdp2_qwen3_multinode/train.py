@@ -46,6 +46,7 @@ from trl.chat_template_utils import get_training_chat_template
 
 from nbhelpers.planner.flops import FLOP_FORMULA, peak_flops
 from nbhelpers.training import checkpoints
+from nbhelpers.training.activation_checkpointing import enable_checkpointing
 from nbhelpers.training.metrics import peak_memory_bytes, write_metrics
 from nbhelpers.training.step_times import StepTimes
 
@@ -166,7 +167,7 @@ def build_model(args, device):
         if dist.get_rank() == 0:
             print(kernels.describe(), flush=True)
     if args.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model, use_reentrant=False)
     return model, weights
 
 

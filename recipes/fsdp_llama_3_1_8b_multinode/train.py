@@ -36,6 +36,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from nbhelpers.planner.flops import FLOP_FORMULA, peak_flops
 from nbhelpers.training import checkpoints
+from nbhelpers.training.activation_checkpointing import enable_checkpointing
 from nbhelpers.training.metrics import peak_memory_bytes, write_metrics
 from nbhelpers.training.step_times import StepTimes
 
@@ -111,7 +112,7 @@ def build_model(args, device):
                                                      dtype=torch.float32)
     model.config.use_cache = False
     if args.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model, use_reentrant=False)
     return model
 
 

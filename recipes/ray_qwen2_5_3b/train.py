@@ -48,6 +48,7 @@ from ray.train.torch import TorchTrainer
 import nbhelpers
 from nbhelpers.planner.fits import fit_activations
 from nbhelpers.training import checkpoints
+from nbhelpers.training.activation_checkpointing import checkpointing_field, enable_checkpointing
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # recipes/: recipe_common.py, what the recipes share
@@ -177,7 +178,8 @@ def checkpointed_every_n_layers(config: dict, rank: int, world_size: int) -> int
                               per_device_train_batch_size=config["per_device_train_batch_size"], **shape)
     if config["gradient_checkpointing"] is not None:
         return 1 if config["gradient_checkpointing"] else None
-    return fit["gradient_checkpointing_kwargs"]["every_n_layers"] if fit.get("gradient_checkpointing") else None
+    field = checkpointing_field()  # activation checkpointing's TrainingArguments field in this Transformers
+    return fit[f"{field}_kwargs"]["every_n_layers"] if fit.get(field) else None
 
 
 def train_loop_per_worker(config: dict) -> list[dict]:
@@ -203,7 +205,7 @@ def train_loop_per_worker(config: dict) -> list[dict]:
         step, history = state["step"], state["history"]
         print(f"rank {rank}: resuming from {resumed_from} (step {step})", flush=True)
     if every_n_layers:
-        model.gradient_checkpointing_enable({"use_reentrant": False}, every_n_layers=every_n_layers)
+        enable_checkpointing(model, every_n_layers=every_n_layers, use_reentrant=False)
     # Ray: onto this worker's GPU, wrapped in DDP, whose gradients are views into its all-reduce buckets (no second
     # copy: 12 GB at 3B parameters); fused AdamW steps in place (no sqrt(v) temporary: 12 GB more)
     model = ray.train.torch.prepare_model(model, parallel_strategy_kwargs={"gradient_as_bucket_view": True})
