@@ -22,7 +22,7 @@ def mask_packed_sequences(model: torch.nn.Module) -> torch.utils.hooks.Removable
 
     def with_packed_masks(module, args, kwargs):
         position_ids = kwargs.get("position_ids")
-        # The cache's keyword: `past_key_values` in Transformers 5.17, `cache` in 5.25 (which still takes the old one)
+        # The cache's keyword: `past_key_values` up to Transformers 5.23, `cache` from 5.24 (which takes both)
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         if position_ids is None or kwargs.get("attention_mask") is not None or cache is not None:
             return None
