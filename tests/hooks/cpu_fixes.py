@@ -16,13 +16,11 @@ What would remove each:
    location"); the setting ACCELERATE_TORCH_DEVICE=cpu gives the device `cpu` instead. The Unsloth notebook passes
    both openly; the TRL and DeepSpeed notebooks, which refuse to run on a user's CPUs, pass neither, so here CPU
    processes with the torchrun environment form one gloo job on plain `cpu`. Removed by accelerate treating
-   LOCAL_RANK on CPUs as it does on GPUs, with the device `cpu` (no upstream issue found; accelerate 1.15), or, for
-   the TRL notebooks, by their passing the same two settings once they run on CPUs (fix 2).
-2. TRL 1.15 computes the SFT loss (and its logged entropy and accuracy) with a Triton kernel
-   (`trl.kernels.ChunkedLogProbFunction`), and Triton needs a GPU ("0 active drivers"; its interpreter,
-   TRITON_INTERPRET=1, is right but takes seconds per 512 tokens). Replaced by the same computation in plain PyTorch
-   (`TorchChunkedLogProbFunction`; like the kernel, its backward re-gathers a ZeRO-3 LM head). Removed by a PyTorch
-   path in TRL for tensors on the CPU (no upstream issue found; TRL 1.15).
+   LOCAL_RANK on CPUs as it does on GPUs, with the device `cpu` (no upstream issue found; accelerate 1.16), or, for
+   the TRL notebooks, by their passing the same two settings (fix 2).
+2. The TRL notebooks' refusal (`check_trl_runs_here`) is lifted: it exists because of what fixes 1, 3 and 4 fix (and
+   TRL 1.15's Triton loss kernel, which TRL 1.16, installed here, replaces on CPU tensors with PyTorch). Removed by the
+   notebooks passing `use_cpu` and ACCELERATE_TORCH_DEVICE=cpu openly, as the Unsloth notebook does, and by fix 3's.
 3. accelerate turns an FSDP plugin into FSDP only for GPU-like devices; for CPU processes it silently trains with
    DDP instead. Here it keeps FSDP, so `fully_shard` (which works on CPU with gloo) really shards the model and a
    test can check the sharding. Removed by accelerate allowing FSDP2 on CPU processes (no upstream issue found).
@@ -38,71 +36,6 @@ import importlib
 import os
 
 import torch
-
-
-def _per_token(hidden, weight, bias, targets, temperature, softcap, logit_scale, outputs):
-    logits = hidden.float() @ weight.float().t()
-    if bias is not None:
-        logits = logits + bias.float()
-    logits = logits * logit_scale
-    if softcap is not None:
-        logits = softcap * torch.tanh(logits / softcap)
-    logits = logits / temperature
-    log_z = torch.logsumexp(logits, dim=-1)
-    log_probs = logits.gather(-1, targets[:, None]).squeeze(-1) - log_z
-    entropy = log_sum_sq = mean = top1 = None
-    if "entropy" in outputs:
-        entropy = log_z - (torch.softmax(logits, -1) * logits).sum(-1)
-    if "log_sum_sq_probs" in outputs:
-        log_sum_sq = torch.logsumexp(2 * (logits - log_z[:, None]), dim=-1)
-    if "mean_logits" in outputs:
-        mean = logits.mean(-1)
-    if "is_top1" in outputs:
-        top1 = logits.argmax(-1) == targets
-    return log_probs, entropy, log_sum_sq, mean, top1
-
-
-class TorchChunkedLogProbFunction(torch.autograd.Function):
-    """`trl.kernels.ChunkedLogProbFunction` (same arguments, same outputs) in PyTorch ops.
-
-    Like the kernel, the backward recomputes the logits and re-enters TRL's ZeRO-3 gather of the LM head,
-    whose weight is released again after the forward.
-    """
-
-    @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size, final_logit_softcapping=None,
-                logit_scale=1.0, outputs=("log_probs",)):
-        ctx.set_materialize_grads(False)
-        ctx.settings = (temperature, final_logit_softcapping, logit_scale)
-        ctx.save_for_backward(hidden, weight, bias, targets)
-        with torch.no_grad():
-            results = _per_token(hidden, weight, bias, targets, temperature, final_logit_softcapping, logit_scale,
-                                 outputs)
-        log_probs, entropy = results[0].to(hidden.dtype), results[1]
-        entropy = entropy.to(hidden.dtype) if entropy is not None else None
-        ctx.mark_non_differentiable(*(x for x in results[2:] if x is not None))
-        return (log_probs, entropy, *results[2:])
-
-    @staticmethod
-    def backward(ctx, grad_log_probs, grad_entropy, *_):
-        from trl.trainer.utils import maybe_gather_lm_head_ctx
-
-        hidden, weight, bias, targets = ctx.saved_tensors
-        temperature, softcap, logit_scale = ctx.settings
-        needs = ctx.needs_input_grad[:3]
-        with maybe_gather_lm_head_ctx(weight, bias), torch.enable_grad():
-            leaves = [x.detach().requires_grad_(need) if x is not None else None
-                      for x, need in zip((hidden, weight, bias), needs)]
-            log_probs, entropy, *_ = _per_token(*leaves, targets, temperature, softcap, logit_scale,
-                                                ("entropy",) if grad_entropy is not None else ())
-            pairs = [(out, grad) for out, grad in ((log_probs, grad_log_probs), (entropy, grad_entropy))
-                     if grad is not None]
-            wanted = [leaf for leaf, need in zip(leaves, needs) if need and leaf is not None]
-            grads = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g.float() for _, g in pairs],
-                                             allow_unused=True) if pairs and wanted else ())
-            result = [next(grads) if need and leaf is not None else None for leaf, need in zip(leaves, needs)]
-        result = [g.to(x.dtype) if g is not None else None for g, x in zip(result, (hidden, weight, bias))]
-        return (*result, None, None, None, None, None, None)
 
 
 def join_cpu_processes() -> None:
@@ -135,10 +68,9 @@ def join_cpu_processes() -> None:
     PartialState.set_device = set_plain_cpu_device
 
 
-def use_torch_loss() -> None:
-    """TRL's fused LM head computes its per-token log-probabilities with `TorchChunkedLogProbFunction`."""
-    # the module itself: right after it is imported (after_import) it is not yet an attribute of trl.trainer
-    importlib.import_module("trl.trainer.utils")._ChunkedLogProbFunction = TorchChunkedLogProbFunction
+def lift_the_trl_refusal() -> None:
+    """The TRL notebooks' check_trl_runs_here returns: under fixes 1, 3 and 4 their CPU processes train as one job."""
+    importlib.import_module("nbhelpers.training.needs_gpu").check_trl_runs_here = lambda: None
 
 
 def keep_fsdp_on_cpu() -> None:
@@ -173,7 +105,7 @@ def skip_deepspeed_shm_build() -> None:
 # The module each fix patches; install() watches these names.
 FIXES = {
     "accelerate.state": (join_cpu_processes, keep_fsdp_on_cpu),
-    "trl.trainer.utils": (use_torch_loss,),
+    "nbhelpers.training.needs_gpu": (lift_the_trl_refusal,),
     "deepspeed.comm.torch": (skip_deepspeed_shm_build,),
 }
 

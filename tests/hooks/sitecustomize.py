@@ -1,5 +1,5 @@
 """In every Python process started with this folder first on PYTHONPATH (the tests' harness puts it there for
-the notebooks' kernels and the recipes' processes): the CPU fixes of TRL, accelerate and DeepSpeed (cpu_fixes.py:
+the notebooks' kernels and the recipes' processes): the CPU fixes of accelerate, DeepSpeed and the TRL notebooks' refusal (cpu_fixes.py:
 they act only without a visible GPU, and not where COOKBOOK_CPU_FIXES=0), and the test hooks named in
 COOKBOOK_TEST_HOOKS (cookbook_hooks.py).
 
@@ -14,7 +14,7 @@ from after_import import when_imported
 # cpu_fixes (it imports torch: only once a module it patches is imported); the names are cpu_fixes.FIXES' keys.
 # COOKBOOK_CPU_FIXES=0 leaves them out: a notebook run as a user's, with test hooks only (harness.hooks_in_kernel)
 if os.environ.get("COOKBOOK_CPU_FIXES") != "0":
-    for _module in ("accelerate.state", "trl.trainer.utils", "deepspeed.comm.torch"):
+    for _module in ("accelerate.state", "nbhelpers.training.needs_gpu", "deepspeed.comm.torch"):
         when_imported(_module, lambda module: __import__("cpu_fixes").apply_without_gpus(module))
 
 if os.environ.get("COOKBOOK_TEST_HOOKS"):
