@@ -55,7 +55,7 @@ torch_lock = $(if $(and $(filter file,$(origin TORCH)),$(filter $(TORCH),$(call 
 # The quickstart runs in a venv that already has everything (after `make test`) without touching it.
 QUICKSTART_STAMP = $(if $(wildcard $(VENV)/.installed-all),$(VENV)/.installed-all,$(VENV)/.installed-$(QUICKSTART_EXTRAS))
 
-.PHONY: setup setup-axolotl setup-unsloth setup-air lock quickstart test
+.PHONY: setup setup-axolotl setup-unsloth setup-air lock newest quickstart test
 # One stamp per set of extras: `make quickstart` (dev) and then `make test` (all) installs the rest.
 setup: $(VENV)/.installed-$(EXTRAS)
 
@@ -122,6 +122,12 @@ $(AIR_VENV)/.installed: environments/databricks-air/requirements.txt environment
 LOCK_PYTHON ?= $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,$(PYTHON))
 lock:
 	$(LOCK_PYTHON) environments/lock.py $(if $(UPGRADE),--upgrade)
+
+# The drift check: a throwaway venv with the newest release of every direct dependency (torch: TORCH), each notebook's
+# smoke cases run there, what fails printed, environments/newest.txt written (environments/newest.py says more). Not part
+# of `make test`: a release elsewhere must not turn CI red.
+newest:
+	$(PYTHON) environments/newest.py
 
 quickstart: $(QUICKSTART_STAMP)
 	mkdir -p $(RUNS)
