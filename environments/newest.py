@@ -112,9 +112,12 @@ def main() -> int:
         run = subprocess.run([str(python), "-m", "pytest", "-p", "no:cacheprovider", "-n", str(args.workers),
                               "--dist", "loadfile", "-q", "-rfE", "--no-header", "-o", "addopts=", *selection],
                              cwd=REPO, env=env, capture_output=True, text=True)
-        print(run.stdout[-20000:], run.stderr[-3000:], sep="\n")
-        summary = (re.findall(r"^=+ (.*(?:passed|failed|error).*?) =+$", run.stdout, flags=re.MULTILINE) or
-                   [f"pytest exited {run.returncode}"])[-1]
+        print(run.stdout[-20000:])
+        # pytest's last line: "21 passed, 3 warnings in 283.34s (0:04:43)" (-q), between rows of "=" otherwise
+        summary = (re.findall(r"^=* ?(\d+ (?:passed|failed|errors?|skipped|deselected)\b.* in [0-9.]+s.*?) ?=*$",
+                              run.stdout, flags=re.MULTILINE) or [f"pytest exited {run.returncode}"])[-1]
+        if run.returncode and summary.startswith("pytest exited"):
+            print(run.stderr[-3000:])
         failing = sorted(set(re.findall(r"^(?:FAILED|ERROR) (\S+)", run.stdout, flags=re.MULTILINE)))
         minutes = (datetime.datetime.now() - started).total_seconds() / 60
         print(f"newest: {summary} ({minutes:.0f} min in all)"
@@ -122,7 +125,10 @@ def main() -> int:
         NEWEST.write_text("\n".join([
             f"# The drift check (make newest, environments/newest.py) on {started.date().isoformat()}: the newest "
             f"release of every direct dependency of the main environment, {' '.join(torch)} (the Makefile's pin).",
-            f"# Each notebook's smoke cases there: {summary}" + (f"; failed: {', '.join(failing)}" if failing else ""),
+            "# Releases that differ from the lock (constraints.txt): "
+            + (", ".join(f"{n} {old} -> {new}" for n, (old, new) in sorted(newer.items())) or "none"),
+            f"# Each notebook's smoke cases there (all but Unsloth's and Axolotl's, on their own kernels): {summary}"
+            + (f"; failed: {', '.join(failing)}" if failing else ""),
             "# `pip install -e .[all]` beside them and pip check: " + ("; ".join(conflicts) if conflicts else
                                                                        "nothing would change, every requirement met"),
             *[f"{n}=={v}" for n, v in sorted(found.items()) if v]]) + "\n")

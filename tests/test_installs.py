@@ -153,6 +153,33 @@ def test_every_range_runs_from_the_oldest_version_tested_to_the_next_major_relea
         assert specs["<"].release == (newest.major + 1,), f"{requirement}: the next major after {newest}"
 
 
+def test_the_extras_install_beside_the_newest_releases_without_changing_any(tmp_path):
+    """A user's project that has today's releases (environments/newest.txt: the newest release of every direct
+    dependency, as `make newest` last found them) installs the `trl` extra, and all of `all`'s, without pip changing
+    any of them. A dry run of pip in a venv holding those releases (their metadata: what pip's resolver reads), with
+    no index and no configuration: anything it would change instead fails it, named."""
+    newest = lock.read_lock(REPO / "environments" / "newest.txt")
+    venv = tmp_path / "project"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+    site = venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    for name, version in newest.items():
+        info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")} | {"PIP_CONFIG_FILE": os.devnull}
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    for extra in ("trl", "all"):
+        wanted = extras_of(project["dependencies"] + [f"nbhelpers[{extra}]"])
+        assert {lock.normal(Requirement(r).name) for r in wanted} <= set(newest), f"newest.txt lacks some of {wanted}"
+        report = tmp_path / f"{extra}.json"
+        done = subprocess.run([sys.executable, "-m", "pip", "--python", venv / "bin" / "python", "install", "--dry-run",
+                               "--no-index", "--quiet", "--report", report, *wanted], capture_output=True, text=True,
+                              env=env, timeout=120)
+        assert done.returncode == 0, f".[{extra}] beside the newest releases: {done.stderr[-2000:]}"
+        changed = [(i["metadata"]["name"], i["metadata"]["version"]) for i in json.loads(report.read_text())["install"]]
+        assert not changed, f".[{extra}] would change {changed}"
+
+
 def test_gpu_system_metrics_have_their_nvml_binding_declared():
     assert any(r.name == "nvidia-ml-py" for r in requirements()), "without it GPU metrics come back empty"
     import pynvml  # noqa: F401  (what MLflow and nbhelpers.launch.system_metrics read GPUs with)
