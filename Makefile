@@ -1,7 +1,7 @@
 # Two commands: `make quickstart` (set up, run the getting-started and DDP MLP notebooks headless)
 # and `make test` (set up, run every test). Both install into .venv from this repo's files.
 PYTHON ?= python3
-# The two environments install side by side (pip waits on downloads and unpacking as much as on the CPU).
+# The environments install two at a time (pip waits on downloads and unpacking as much as on the CPU).
 MAKEFLAGS += --jobs=2
 VENV ?= .venv
 # torch is pinned: the newest pair (a CUDA 13.2 build that also runs on CPU; 2.9 GB from PyPI with its CUDA libraries).
