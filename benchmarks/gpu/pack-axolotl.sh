@@ -35,8 +35,8 @@ NOTEBOOK="papermill nbclient nbformat jupyter_client jupyter_core ipykernel ipyt
 # MLflow's client and its SQLite store (tracking, system metrics, logging and loading a transformers model): what
 # `import mlflow` and those uses import (mlflow 3.17 imports fastapi and databricks-sdk when it is imported, and its
 # SQLite store cryptography), less what only its server, its cloud stores or git metadata use (uvicorn, google-auth,
-# gitpython). importlib-metadata stays at 9.1.0 (the project venvs' version): 10.x needs `lazy_importer` (a 2026-12-01 GPU run stopped there)
-MLFLOW="mlflow-skinny==3.17.2 sqlalchemy alembic mako sqlparse cachetools opentelemetry-api opentelemetry-sdk
+# gitpython). importlib-metadata stays at 9.1.0: 10.x needs `lazy_importer`, not packed here (a 2026-12-01 GPU run stopped there)
+MLFLOW="mlflow-skinny==3.18.0 sqlalchemy alembic mako sqlparse cachetools opentelemetry-api opentelemetry-sdk
   opentelemetry-semantic-conventions opentelemetry-proto importlib-metadata==9.1.0 zipp fastapi starlette annotated-doc
   databricks-sdk python-dotenv httpx httpcore cryptography cffi pycparser"
 SKIP=${SKIP-numba llvmlite scipy scikit-learn threadpoolctl joblib tokenizers huggingface_hub hf_xet rich pygments}
