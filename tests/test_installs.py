@@ -193,13 +193,14 @@ def test_jupyterlab_opens_after_the_documented_install():
 
 
 def test_make_setup_installs_from_the_locks(tmp_path):
-    plan = subprocess.run(["make", "-n", "setup", "setup-axolotl", "setup-air", "EXTRAS=jupyter",
-                           f"VENV={tmp_path / 'venv'}", f"AXOLOTL_VENV={tmp_path / 'ax'}", f"AIR_VENV={tmp_path / 'air'}"],
-                          cwd=REPO, capture_output=True, text=True, check=True).stdout
+    plan = subprocess.run(["make", "-n", "setup", "setup-axolotl", "setup-unsloth", "setup-air", "EXTRAS=jupyter",
+                           f"VENV={tmp_path / 'venv'}", f"AXOLOTL_VENV={tmp_path / 'ax'}", f"UNSLOTH_VENV={tmp_path / 'un'}",
+                           f"AIR_VENV={tmp_path / 'air'}"], cwd=REPO, capture_output=True, text=True, check=True).stdout
     installs = [line for line in plan.splitlines() if " -m pip install " in line]
-    assert len(installs) == 8, plan  # pip, torch and the rest in each venv (the CLI's has no torch)
+    assert len(installs) == 11, plan  # pip, torch and the rest in each venv (the CLI's has no torch)
+    folders = {"/ax/": "environments/axolotl/", "/un/": "environments/unsloth/", "/air/": "environments/databricks-air/"}
     for line in installs:
-        where = "environments/axolotl/" if "/ax/" in line else "environments/databricks-air/" if "/air/" in line else ""
+        where = next((lock_dir for venv, lock_dir in folders.items() if venv in line), "")
         assert f"-c {where}constraints.txt" in line, line
     # this make's TORCH is the default one: the pins of its build are taken too (the quickstart's 2.13.0 has none)
     assert "-c constraints-torch.txt" in next(line for line in installs if '-e ".[jupyter]"' in line)
