@@ -97,7 +97,8 @@ def run_notebook(case, workdir: Path, standin=None):
             parameters[name] = str(path)
     executed = workdir / Path(case.notebook).name
     require_kernel(case.kernel)
-    forked_kernels.start(case.kernel)  # before hooks_in_kernel changes the environment for this kernel
+    if case.cpu_fixes:  # (without them the kernel's PYTHONPATH differs from the zygote's: it would not serve it)
+        forked_kernels.start(case.kernel)  # before hooks_in_kernel changes the environment for this kernel
     with hooks_in_kernel(case.hooks, workdir / "hooks", cpu_fixes=case.cpu_fixes):
         papermill.execute_notebook(
             str(notebook),

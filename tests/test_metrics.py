@@ -65,8 +65,10 @@ def test_a_store_migrated_by_a_newer_mlflow_is_refused_with_what_to_do(tmp_path)
     mlflow_experiment("made_here", f"sqlite:///{tmp_path / 'mlflow.db'}")
     (tmp_path / "newer").mkdir()  # another path: MLflow keeps the store it opened for each one
     shutil.copy(tmp_path / "mlflow.db", tmp_path / "newer" / "mlflow.db")
-    with sqlite3.connect(tmp_path / "newer" / "mlflow.db") as store:  # what MLflow 3.18 leaves in a store it opened
-        store.execute("UPDATE alembic_version SET version_num = 'f4a9b2c7d1e6'")
+    # a newer MLflow's migration: a revision this one does not know (MLflow 3.18's own, f4a9b2c7d1e6, served while the
+    # cookbook had 3.17)
+    with sqlite3.connect(tmp_path / "newer" / "mlflow.db") as store:
+        store.execute("UPDATE alembic_version SET version_num = 'from_a_newer_mlflow'")
     with pytest.raises(RuntimeError, match=r"(?s)out-of-date database schema.*newer MLflow.*"
                                            r"export MLFLOW_TRACKING_URI=sqlite:///\$PWD/runs/cookbook.db"):
         mlflow_experiment("made_here", f"sqlite:///{tmp_path / 'newer' / 'mlflow.db'}")

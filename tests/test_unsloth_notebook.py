@@ -1,7 +1,9 @@
-"""notebooks/unsloth/ddp_llama_3_2_3b.ipynb: its smoke cases; without a GPU and without tests/hooks, its 2 CPU
-processes train as one job; every rank imports Unsloth before Transformers; the merged model gives base + adapter's
-logits; a run killed after its first checkpoint resumes, on a rerun of the same command, to exactly the losses of the
-uninterrupted run; a model that cannot be found is named before any rank starts.
+"""notebooks/unsloth/ddp_llama_3_2_3b.ipynb, on Unsloth's own kernel (cookbook-unsloth, .venv-unsloth: Unsloth caps
+Transformers, TRL, datasets and torch below the main environment's): its smoke cases; without a GPU and without
+tests/hooks, its 2 CPU processes train as one job; every rank imports Unsloth before Transformers; the merged model
+gives base + adapter's logits (read back here with the main environment's Transformers and PEFT); a run killed after
+its first checkpoint resumes, on a rerun of the same command, to exactly the losses of the uninterrupted run; a model
+that cannot be found is named before any rank starts.
 
 The uninterrupted run is the 2-rank smoke case itself (the notebook_run fixture runs it once per session). The kill
 is real: the `kill_rank_after_checkpoint` test hook SIGKILLs the last rank once the Trainer's first checkpoint is
